@@ -1,0 +1,20 @@
+"""hf_hetspec: lossless speculative decoding for Hugging Face transformers with a drafter whose vocabulary
+differs from the target's (Timor et al., "Accelerating LLM Inference with Lossless Speculative Decoding
+Algorithms for Heterogeneous Vocabularies", ICML 2025, arXiv 2502.05202).
+
+Usage::
+
+    import hf_hetspec
+    hf_hetspec.enable(target)
+    out = target.generate(input_ids, assistant_model=drafter, tokenizer=target_tokenizer,
+                          assistant_tokenizer=drafter_tokenizer, hetspec_algorithm="slem",
+                          max_new_tokens=128)
+    print(hf_hetspec.last_stats(target).summary())
+"""
+
+from .integration import ALGORITHMS, IMPLEMENTED, disable, enable, is_enabled, last_stats
+from .stats import DecodingStats
+
+__version__ = "0.1.0"
+
+__all__ = ["ALGORITHMS", "IMPLEMENTED", "DecodingStats", "disable", "enable", "is_enabled", "last_stats"]

@@ -1,0 +1,274 @@
+"""Tokens as bytes, vocabulary comparison and text conversion windows between two tokenizers.
+
+Everything here works on *bytes*, the one representation both tokenizers agree on:
+
+* a byte-level BPE token (GPT-2 / Qwen / SmolLM2 style, ``Ġ`` space marker) is mapped back through the
+  byte <-> unicode table;
+* a SentencePiece-style token (Llama / Gemma style) contributes its text with ``▁`` read as a space, and a
+  byte-fallback token ``<0xNN>`` contributes the single byte ``NN``;
+* an added token (special or not) contributes its content.
+
+A :class:`Vocabulary` holds that table for one tokenizer; :class:`TextWindowConverter` re-tokenizes text
+that continues an already fixed token sequence (Section 3 of Timor et al. 2025: SLEM decodes the drafter's
+tokens to text and re-encodes the text for the target; doing that through a window of known context keeps
+leading spaces, merges across the boundary and normalization identical to what the tokenizer would do to
+the whole text).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from transformers import PreTrainedTokenizerBase
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_UNICODE_TO_BYTE = {ch: b for b, ch in bytes_to_unicode().items()}
+
+
+def _decoder_kind(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Classify how a fast tokenizer turns token strings into text: ``"byte_level"`` or ``"metaspace"``.
+
+    Raises:
+        ValueError: the tokenizer is not a fast (``tokenizers``-backed) tokenizer, or its decoder is of a
+            kind this module cannot read token bytes from.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(
+            f"tokenizer {type(tokenizer).__name__} has no `backend_tokenizer`: hf_hetspec needs a fast "
+            "tokenizer (load it with `AutoTokenizer.from_pretrained(..., use_fast=True)`)."
+        )
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    text = json.dumps(decoder)
+    if '"ByteLevel"' in text:
+        return "byte_level"
+    if '"ByteFallback"' in text or "\u2581" in text or '"Metaspace"' in text:
+        return "metaspace"
+    raise ValueError(
+        f"cannot read token bytes from tokenizer {getattr(tokenizer, 'name_or_path', '')!r}: its decoder "
+        f"{decoder.get('type')!r} is neither ByteLevel nor SentencePiece-style (Metaspace/ByteFallback)."
+    )
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The bytes each token id of one tokenizer contributes to the text.
+
+    Attributes:
+        tokenizer: the fast tokenizer this table was read from.
+        token_bytes (list[bytes] of length V): bytes of token id ``i``; ``b""`` for ids with no token.
+        special_ids (frozenset[int]): ids of special (control) tokens: BOS/EOS/PAD, chat-template markers.
+            Their bytes are their content string, but they are never produced by encoding plain text
+            unless the text contains that literal string.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    token_bytes: list[bytes]
+    special_ids: frozenset[int]
+    kind: str = field(default="byte_level")
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: PreTrainedTokenizerBase) -> "Vocabulary":
+        """Read the byte table of a fast tokenizer (see the module docstring for the rules)."""
+        kind = _decoder_kind(tokenizer)
+        vocab = tokenizer.get_vocab()  # token string -> id, added tokens included
+        size = max(vocab.values()) + 1
+        table = [b""] * size
+        added = {i: tok for i, tok in tokenizer.added_tokens_decoder.items()}
+        for token, idx in vocab.items():
+            if idx in added:
+                table[idx] = added[idx].content.encode("utf-8")
+            elif kind == "byte_level":
+                try:
+                    table[idx] = bytes(_UNICODE_TO_BYTE[ch] for ch in token)
+                except KeyError:  # not a byte-level string: a plain added piece
+                    table[idx] = token.encode("utf-8")
+            else:
+                m = _BYTE_FALLBACK.match(token)
+                table[idx] = bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode("utf-8")
+        special = frozenset(i for i, tok in added.items() if tok.special)
+        return cls(tokenizer=tokenizer, token_bytes=table, special_ids=special, kind=kind)
+
+    def __len__(self) -> int:
+        return len(self.token_bytes)
+
+    def ids_to_bytes(self, ids: list[int]) -> bytes:
+        """Concatenated bytes of ``ids`` (list of token ids of this vocabulary)."""
+        tb = self.token_bytes
+        return b"".join(tb[i] for i in ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without BOS/EOS (special-token strings in the text are parsed as tokens)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @cached_property
+    def fingerprint(self) -> tuple:
+        """Hashable identity of the id -> bytes map plus the special ids (used to compare vocabularies)."""
+        return (tuple(self.token_bytes), tuple(sorted(self.special_ids)))
+
+
+def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+    """True when two tokenizers map every id to the same token string (never judged by ``vocab_size``).
+
+    Padded embedding matrices make ``config.vocab_size`` differ for identical tokenizers, and different
+    tokenizers can share a size; only the id -> token map decides.
+    """
+    if a is b:
+        return True
+    return a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+
+
+def complete_utf8_prefix(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 character.
+
+    Only the tail is inspected: a byte-level token can end in the middle of a multi-byte character,
+    whose remaining bytes arrive with the next token.
+    """
+    n = len(data)
+    # walk back over at most 3 continuation bytes to the lead byte of the last character
+    i = n - 1
+    while i >= 0 and n - i <= 4 and (data[i] & 0xC0) == 0x80:
+        i -= 1
+    if i < 0:
+        return 0
+    lead = data[i]
+    if lead < 0x80:
+        need = 1
+    elif lead >> 5 == 0b110:
+        need = 2
+    elif lead >> 4 == 0b1110:
+        need = 3
+    elif lead >> 3 == 0b11110:
+        need = 4
+    else:  # invalid lead byte: leave the text as it is; decoding will report it
+        return n
+    return n if n - i >= need else i
+
+
+def valid_utf8_prefix(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that is valid, complete UTF-8."""
+    try:
+        data.decode("utf-8")
+        return len(data)
+    except UnicodeDecodeError as err:
+        return err.start
+
+
+def sanitize_utf8(data: bytes) -> bytes:
+    """``data`` with every invalid byte sequence replaced by U+FFFD (as UTF-8 bytes).
+
+    The text-level view of generated bytes: a tokenizer encodes text, so bytes that are not text (a model
+    can emit a stray continuation byte) reach the other vocabulary as the replacement character.
+    """
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace").encode("utf-8")
+
+
+def common_prefix_length(a: bytes, b: bytes) -> int:
+    """Number of leading bytes ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class TextWindowConverter:
+    """Re-tokenizes text that continues a fixed token sequence, through a window of known context.
+
+    ``continuation(context_ids, new_bytes)`` returns token ids ``c`` such that the bytes of
+    ``context_ids + c`` are the bytes of ``context_ids`` followed by ``new_bytes``, tokenized the way the
+    tokenizer tokenizes the window text plus the new text. The window is the last ``window`` tokens of the
+    context, extended backwards until its bytes start on a character boundary.
+
+    Args:
+        vocab: the byte table of the tokenizer to encode with.
+        window: number of context tokens re-encoded together with the new text (>= 1).
+    """
+
+    def __init__(self, vocab: Vocabulary, window: int = 4):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.vocab = vocab
+        self.window = window
+
+    def window_start(self, context_ids: list[int], end: int | None = None) -> int:
+        """Index where the window over ``context_ids[:end]`` starts (on a UTF-8 character boundary)."""
+        end = len(context_ids) if end is None else end
+        start = max(0, end - self.window)
+        tb = self.vocab.token_bytes
+        # a window that starts inside a character cannot be decoded to text; widen it
+        while start > 0 and tb[context_ids[start]][:1] and (tb[context_ids[start]][0] & 0xC0) == 0x80:
+            start -= 1
+        return start
+
+    def continuation(self, context_ids: list[int], new_text: str) -> list[int]:
+        """Token ids continuing ``context_ids`` with ``new_text``.
+
+        Args:
+            context_ids: token ids already fixed (list of ints of this vocabulary).
+            new_text: text to append; must be valid text (complete UTF-8 characters).
+
+        Returns:
+            list of token ids whose bytes are ``new_text.encode()`` (when the tokenizer does not
+            normalize the text) and that start exactly at the end of ``context_ids``.
+        """
+        if not new_text:
+            return []
+        start = self.window_start(context_ids)
+        win = context_ids[start:]
+        win_bytes = self.vocab.ids_to_bytes(win)
+        try:
+            win_text = win_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            win_text, win_bytes = "", b""
+        ids = self.vocab.encode(win_text + new_text)
+        tb = self.vocab.token_bytes
+        pos, target = 0, len(win_bytes)
+        for i, tok in enumerate(ids):
+            if pos == target:
+                return ids[i:]
+            pos += len(tb[tok])
+            if pos > target:
+                break
+        if pos == target:
+            return []
+        # A token of the encoding straddles the window boundary: the canonical tokenization would merge
+        # across it, which the fixed context cannot do. Encode the new text on its own.
+        return self.vocab.encode(new_text)
+
+    def resync(self, context_ids: list[int], keep: int, new_text: str) -> tuple[int, list[int]]:
+        """Re-tokenize ``context_ids[:keep]`` + ``new_text``, allowed to replace the last window tokens.
+
+        Used for the drafter, whose context may be rewritten (its KV cache is cropped): the window tokens
+        are re-encoded with the new text and only the prefix that still matches is kept.
+
+        Returns:
+            (n_keep, new_ids): keep ``context_ids[:n_keep]`` (``n_keep <= keep``) and append ``new_ids``.
+        """
+        if not new_text:
+            return keep, []
+        start = self.window_start(context_ids, keep)
+        win = context_ids[start:keep]
+        try:
+            win_text = self.vocab.ids_to_bytes(win).decode("utf-8")
+        except UnicodeDecodeError:
+            return keep, self.vocab.encode(new_text)
+        ids = self.vocab.encode(win_text + new_text)
+        same = 0
+        while same < len(win) and same < len(ids) and ids[same] == win[same]:
+            same += 1
+        return start + same, ids[same:]

@@ -1,0 +1,140 @@
+"""The speculative decoding loop: draft, verify in one target forward, accept, roll back.
+
+It runs inside ``model.generate()`` as transformers' ``custom_generate`` decoding method, so everything
+``generate()`` prepares -- the merged ``GenerationConfig``, the target's logits processors (temperature,
+top-k, top-p, repetition penalty, ...), stopping criteria (``max_new_tokens``, EOS lists, ``stop_strings``,
+custom criteria), the streamer and the target's KV cache -- is used exactly as transformers' own decoding
+would use it. Why our own loop rather than transformers' ``_assisted_decoding``: the verification math must
+live in :mod:`hf_hetspec.verify` with explicit randomness for every algorithm, stopping criteria must be
+checked after every accepted token (transformers checks once per block, so a stop string or an EOS inside
+an accepted block would be overrun), and transformers 5.x decides "different tokenizers" by ``vocab_size``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers.generation import GenerateDecoderOnlyOutput
+
+from .drafter import model_device, rollback_cache
+from .stats import DecodingStats
+from .verify import verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
+
+
+def _process(logits_processor, candidate_ids: torch.Tensor, n: int, logits: torch.Tensor) -> torch.Tensor:
+    """Apply the target's logits processors position by position.
+
+    Args:
+        candidate_ids (``torch.LongTensor`` of shape ``(1, n + k)``).
+        n: number of accepted tokens (the context of row 0).
+        logits (``torch.FloatTensor`` of shape ``(k + 1, V_target)``).
+    """
+    if not len(logits_processor):
+        return logits
+    rows = [logits_processor(candidate_ids[:, : n + i], logits[i : i + 1]) for i in range(logits.shape[0])]
+    return torch.cat(rows, dim=0)
+
+
+def speculative_generate(
+    target,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    proposer,
+    stats: DecodingStats,
+    *,
+    streamer=None,
+    generator: torch.Generator | None = None,
+    past_key_values=None,
+):
+    """Decode with draft-then-verify until a stopping criterion fires.
+
+    Args:
+        target: the target model.
+        input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
+        logits_processor (``LogitsProcessorList``): the target's processors, as prepared by ``generate()``.
+        stopping_criteria (``StoppingCriteriaList``): as prepared by ``generate()``.
+        generation_config: the merged ``GenerationConfig`` of the call.
+        proposer: a ``CandidateGenerator`` whose ``get_candidates(input_ids)`` returns
+            ``(candidate_ids (1, n + k), candidate_logits (1, k, V_target) or None)``; with logits, sampling
+            uses speculative sampling against ``softmax(candidate_logits)``, otherwise exact matching.
+        stats: filled in place.
+        streamer: receives only accepted tokens, one block per target forward.
+        generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
+        past_key_values: the target's (empty) KV cache prepared by ``generate()``.
+
+    Returns:
+        ``torch.LongTensor`` of shape ``(1, n + new_tokens)``, or ``GenerateDecoderOnlyOutput`` when
+        ``return_dict_in_generate``.
+    """
+    start = time.perf_counter()
+    cache = past_key_values
+    if cache is None:
+        raise RuntimeError("hf_hetspec needs the target's KV cache (generate() with use_cache=True)")
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    device = model_device(target)
+    do_sample = bool(generation_config.do_sample)
+    want_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+    want_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+    scores, raw_logits = [], []
+    stats.prompt_tokens = input_ids.shape[1]
+    ids = input_ids.to(device)
+    finished = False
+    while not finished:
+        n = ids.shape[1]
+        candidate_ids, candidate_logits = proposer.get_candidates(ids)
+        k = candidate_ids.shape[1] - n
+        with stats.timer("target_s"):
+            candidate_ids = candidate_ids.to(device)
+            feed = candidate_ids[:, cache.get_seq_length() :]
+            out = target(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=k + 1)
+            logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
+            processed = _process(logits_processor, candidate_ids, n, logits)
+            draft = candidate_ids[0, n:]
+            if not do_sample:
+                tokens, accepted = verify_greedy(draft, processed)
+            else:
+                target_probs = processed.softmax(dim=-1)  # [k+1, V_target]
+                if candidate_logits is None:
+                    tokens, accepted = verify_exact_match_sampling(draft, target_probs, generator)
+                else:
+                    draft_probs = candidate_logits[0].to(target_probs).softmax(dim=-1)  # [k, V_target]
+                    tokens, accepted = verify_speculative_sampling(draft, draft_probs, target_probs, generator)
+        stats.target_forwards += 1
+        stats.drafted_tokens += k
+        stats.accepted_tokens += accepted
+
+        # Append one token at a time so that EOS, stop strings and custom criteria inside the block stop
+        # generation exactly where plain decoding would have stopped.
+        full = torch.cat([ids, tokens[None, :].to(ids.dtype)], dim=1)
+        keep = tokens.shape[0]
+        for j in range(tokens.shape[0]):
+            if bool(stopping_criteria(full[:, : n + j + 1], None).any()):
+                keep, finished = j + 1, True
+                break
+        ids = full[:, : n + keep]
+        if want_scores:
+            scores.extend(processed[i : i + 1] for i in range(keep))
+        if want_logits:
+            raw_logits.extend(logits[i : i + 1] for i in range(keep))
+        if streamer is not None:
+            streamer.put(ids[0, n:].cpu())
+        # positions n .. n+accepted-1 hold accepted drafts; the last new token is fed next round
+        rollback_cache(cache, n + keep - 1)
+        proposer.update_candidate_strategy(ids, processed, accepted)
+
+    if streamer is not None:
+        streamer.end()
+    stats.new_tokens = ids.shape[1] - input_ids.shape[1]
+    stats.total_s = time.perf_counter() - start
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=ids,
+            scores=tuple(scores) if want_scores else None,
+            logits=tuple(raw_logits) if want_logits else None,
+            past_key_values=cache if generation_config.use_cache else None,
+        )
+    return ids

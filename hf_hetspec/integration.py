@@ -1,0 +1,283 @@
+"""The only module that touches transformers' generation internals.
+
+``enable(model)`` puts a ``generate`` wrapper on the model *instance* (the class is untouched;
+``disable(model)`` deletes it again). When ``generate()`` is called with ``assistant_model=``, the wrapper
+
+1. validates every argument before any work is done (clear errors that name the argument and the fix);
+2. builds the algorithm's ``CandidateGenerator`` (SLEM: :class:`~hf_hetspec.slem.SLEMCandidateGenerator`);
+3. calls transformers' own ``generate()`` with ``custom_generate=`` set to our decoding loop
+   (:func:`~hf_hetspec.decoding.speculative_generate`), so the generation config, logits processors,
+   stopping criteria, streamer and KV cache are prepared by transformers exactly as for plain decoding.
+
+Without ``assistant_model`` the call goes to transformers unchanged. Supported: transformers 5.x
+(``custom_generate`` callables and ``GenerationMixin._prepare_generation_config``); the contract test
+``tests/test_integration.py`` pins what is used.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import weakref
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.utils import GenerationMixin
+
+from .alignment import Vocabulary, same_vocabulary
+from .decoding import speculative_generate
+from .slem import SLEMCandidateGenerator
+from .stats import DecodingStats
+
+ALGORITHMS = ("auto", "slem", "tli", "slrs")
+IMPLEMENTED = ("slem",)
+DEFAULT_LOOKAHEAD = 5
+
+_GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
+_LAST_STATS: "weakref.WeakKeyDictionary[PreTrainedModel, DecodingStats]" = weakref.WeakKeyDictionary()
+_VOCABS: "weakref.WeakKeyDictionary[Any, Vocabulary]" = weakref.WeakKeyDictionary()
+_MARK = "_hf_hetspec_enabled"
+_SAVED = "_hf_hetspec_saved_generate"
+
+
+def vocabulary(tokenizer) -> Vocabulary:
+    """The (cached) byte table of ``tokenizer``; built once per tokenizer object."""
+    try:
+        return _VOCABS[tokenizer]
+    except (KeyError, TypeError):
+        vocab = Vocabulary.from_tokenizer(tokenizer)
+        try:
+            _VOCABS[tokenizer] = vocab
+        except TypeError:
+            pass
+        return vocab
+
+
+def enable(model: PreTrainedModel) -> PreTrainedModel:
+    """Install hf_hetspec on ``model`` (idempotent). Returns ``model``.
+
+    After this, ``model.generate(..., assistant_model=drafter, tokenizer=target_tokenizer,
+    assistant_tokenizer=drafter_tokenizer, hetspec_algorithm="slem")`` runs heterogeneous-vocabulary
+    speculative decoding. Only the instance gets a ``generate`` attribute; weights, configs and the
+    generation config are not touched.
+
+    Raises:
+        TypeError: ``model`` has no ``generate`` method.
+    """
+    if not hasattr(model, "generate"):
+        raise TypeError(f"enable() needs a transformers model with .generate(), got {type(model).__name__}")
+    if model.__dict__.get(_MARK):
+        return model
+    model.__dict__[_SAVED] = model.__dict__.get("generate")
+    model.__dict__["generate"] = types.MethodType(_generate, model)
+    model.__dict__[_MARK] = True
+    return model
+
+
+def disable(model: PreTrainedModel) -> PreTrainedModel:
+    """Undo :func:`enable` exactly (a no-op on a model that was not enabled). Returns ``model``."""
+    if not model.__dict__.get(_MARK):
+        return model
+    saved = model.__dict__.pop(_SAVED, None)
+    if saved is None:
+        model.__dict__.pop("generate", None)
+    else:
+        model.__dict__["generate"] = saved
+    del model.__dict__[_MARK]
+    return model
+
+
+def is_enabled(model: PreTrainedModel) -> bool:
+    """Whether :func:`enable` is in effect on ``model``."""
+    return bool(model.__dict__.get(_MARK))
+
+
+def last_stats(model: PreTrainedModel) -> DecodingStats | None:
+    """Statistics of the last hf_hetspec ``generate()`` call on ``model`` (``None`` before the first)."""
+    return _LAST_STATS.get(model)
+
+
+class _HetSpecDecoding:
+    """The ``custom_generate`` callable handed to transformers' ``generate()``.
+
+    Its signature declares ``tokenizer`` so that transformers passes the target tokenizer on to its stopping
+    criteria (``stop_strings``) and to us.
+    """
+
+    def __init__(self, build_proposer, stats: DecodingStats, generator: torch.Generator | None):
+        self.build_proposer = build_proposer
+        self.stats = stats
+        self.generator = generator
+
+    def __call__(
+        self,
+        model,
+        input_ids,
+        logits_processor=None,
+        stopping_criteria=None,
+        generation_config=None,
+        synced_gpus=False,
+        streamer=None,
+        tokenizer=None,
+        **model_kwargs,
+    ):
+        proposer = self.build_proposer(input_ids, generation_config)
+        return speculative_generate(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            proposer,
+            self.stats,
+            streamer=streamer,
+            generator=self.generator,
+            past_key_values=model_kwargs.get("past_key_values"),
+        )
+
+
+def _generate(self, *args, **kwargs):
+    bound = _GENERATE_SIGNATURE.bind_partial(self, *args, **kwargs)
+    call = dict(bound.arguments)
+    call.pop("self")
+    extra = call.pop("kwargs", {})
+    algorithm = extra.pop("hetspec_algorithm", None)
+    generator = extra.pop("hetspec_generator", None)
+    drafter = call.get("assistant_model")
+    original = type(self).generate
+    if drafter is None:
+        if algorithm is not None or generator is not None:
+            raise ValueError(
+                "`hetspec_algorithm`/`hetspec_generator` were given without `assistant_model`: pass the "
+                "drafter as `assistant_model=` (or drop these arguments for plain decoding)."
+            )
+        return original(self, **call, **extra)
+
+    target_tokenizer = extra.pop("tokenizer", None)
+    drafter_tokenizer = extra.pop("assistant_tokenizer", None)
+    algorithm = "auto" if algorithm is None else algorithm
+    plan = _validate(self, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator)
+
+    stats = DecodingStats(algorithm=plan["algorithm"], note=plan["note"])
+    _LAST_STATS[self] = stats
+    target_vocab = vocabulary(target_tokenizer)
+    drafter_vocab = vocabulary(drafter_tokenizer)
+
+    def build_proposer(input_ids, generation_config):
+        return SLEMCandidateGenerator(
+            target_vocab,
+            drafter,
+            drafter_vocab,
+            input_ids,
+            lookahead=plan["lookahead"],
+            adaptive=plan["adaptive"],
+            max_length=generation_config.max_length,
+            stats=stats,
+        )
+
+    call["assistant_model"] = None
+    call["custom_generate"] = _HetSpecDecoding(build_proposer, stats, generator)
+    with torch.no_grad():
+        return original(self, **call, tokenizer=target_tokenizer, **extra)
+
+
+def _input_ids(call: dict, extra: dict) -> torch.Tensor | None:
+    inputs = call.get("inputs")
+    if inputs is None:
+        inputs = extra.get("input_ids")
+    return inputs
+
+
+def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator) -> dict:
+    """Check a hf_hetspec ``generate()`` call before any work; return the resolved plan.
+
+    Raises:
+        ValueError / TypeError / NotImplementedError: with a message naming the argument and the fix.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"hetspec_algorithm={algorithm!r} is not known; use one of {', '.join(ALGORITHMS)}.")
+    if algorithm not in IMPLEMENTED and algorithm != "auto":
+        raise NotImplementedError(
+            f"hetspec_algorithm={algorithm!r} is not available in this version of hf_hetspec; "
+            f"available: {', '.join(IMPLEMENTED)} (or 'auto')."
+        )
+    if not isinstance(drafter, PreTrainedModel):
+        raise TypeError(f"assistant_model must be a transformers PreTrainedModel, got {type(drafter).__name__}.")
+    if target_tokenizer is None or drafter_tokenizer is None:
+        missing = "tokenizer" if target_tokenizer is None else "assistant_tokenizer"
+        raise ValueError(
+            f"`{missing}` is missing: hf_hetspec needs both `tokenizer=` (the target's) and "
+            "`assistant_tokenizer=` (the drafter's) to compare their vocabularies and translate drafts."
+        )
+    for name, tok, model in (("tokenizer", target_tokenizer, target), ("assistant_tokenizer", drafter_tokenizer, drafter)):
+        rows = model.get_input_embeddings().weight.shape[0]
+        if len(tok) > rows:
+            raise ValueError(
+                f"`{name}` has {len(tok)} tokens but its model's embedding has {rows} rows: pass the tokenizer "
+                "that belongs to that model."
+            )
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"hetspec_generator must be a torch.Generator, got {type(generator).__name__}.")
+
+    inputs = _input_ids(call, extra)
+    if inputs is None:
+        raise ValueError("no prompt: pass the prompt's token ids as `input_ids` (shape (1, n), n >= 1).")
+    if not torch.is_tensor(inputs) or inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
+        raise ValueError("`input_ids` must be an integer tensor of shape (batch, sequence_length).")
+    if inputs.shape[0] != 1:
+        raise NotImplementedError(
+            f"hf_hetspec decodes one sequence at a time; got a batch of {inputs.shape[0]}. "
+            "Call generate() once per prompt."
+        )
+    if inputs.shape[1] < 1:
+        raise ValueError("`input_ids` is empty: the prompt needs at least one token.")
+    mask = extra.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise NotImplementedError(
+            "`attention_mask` contains padding (zeros); hf_hetspec decodes one unpadded sequence: "
+            "pass the prompt without padding."
+        )
+
+    config, _ = target._prepare_generation_config(call.get("generation_config"), **dict(extra))
+    if (config.num_beams or 1) > 1:
+        raise ValueError(f"num_beams={config.num_beams}: speculative decoding is not beam search; use num_beams=1.")
+    if (config.num_return_sequences or 1) > 1:
+        raise NotImplementedError(
+            f"num_return_sequences={config.num_return_sequences}: hf_hetspec returns one sequence per call; "
+            "call generate() several times."
+        )
+    if config.max_new_tokens is not None and config.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
+    if config.use_cache is False:
+        raise ValueError("use_cache=False: speculative decoding needs the target's KV cache; drop use_cache=False.")
+    if config.cache_implementation in ("static", "hybrid", "sliding_window", "offloaded_static"):
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r}: hf_hetspec rolls the cache back after "
+            "rejections and needs the dynamic cache; drop cache_implementation."
+        )
+    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+        raise NotImplementedError("output_attentions/output_hidden_states are not returned by hf_hetspec; drop them.")
+    for name in ("num_assistant_tokens",):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r}: the lookahead must be a positive integer.")
+
+    explicit = _user_value(call, extra, "num_assistant_tokens")
+    schedule = _user_value(call, extra, "num_assistant_tokens_schedule")
+    lookahead = explicit if explicit is not None else DEFAULT_LOOKAHEAD
+    adaptive = schedule in ("heuristic", "heuristic_transient") or (explicit is None and schedule is None)
+
+    identical = same_vocabulary(target_tokenizer, drafter_tokenizer)
+    note = "identical vocabularies: standard speculative decoding (exact match)" if identical else ""
+    return {"algorithm": "slem", "lookahead": lookahead, "adaptive": adaptive, "note": note}
+
+
+def _user_value(call: dict, extra: dict, name: str):
+    """A generation setting the user gave explicitly (kwarg or passed GenerationConfig), else ``None``."""
+    if extra.get(name) is not None:
+        return extra[name]
+    config = call.get("generation_config")
+    if isinstance(config, GenerationConfig):
+        return getattr(config, name, None)
+    return None

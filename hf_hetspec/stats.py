@@ -1,0 +1,83 @@
+"""Per-call statistics of speculative decoding.
+
+Conventions (the field's, written down once):
+
+* a *target forward* is one forward pass of the target over the last accepted token plus the draft;
+* ``drafted_tokens`` counts draft tokens in the *target* vocabulary handed to verification;
+* ``accepted_tokens`` counts draft tokens the target accepted (the target's own correction/bonus token is
+  not a draft token and is not counted here);
+* ``acceptance_rate = accepted_tokens / drafted_tokens``;
+* ``mean_accepted_per_forward = new_tokens / target_forwards``: target tokens produced per target forward,
+  *including* the bonus/correction token (1.0 means no speedup from drafting);
+* times are wall-clock seconds: ``drafter_s`` drafter forwards, ``translation_s`` text conversion between
+  vocabularies, ``target_s`` target forwards plus verification, ``total_s`` the whole decoding call.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DecodingStats:
+    """Statistics of one ``generate()`` call (see the module docstring for definitions)."""
+
+    algorithm: str = ""
+    note: str = ""
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafter_forwards: int = 0
+    skipped_drafts: int = 0
+    drafter_s: float = 0.0
+    target_s: float = 0.0
+    translation_s: float = 0.0
+    total_s: float = 0.0
+    lookaheads: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens (0.0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_per_forward(self) -> float:
+        """New target tokens per target forward, bonus token included."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New target tokens per wall-clock second of the decoding call."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @contextmanager
+    def timer(self, attribute: str):
+        """Add the wall time of the ``with`` block to ``attribute`` (a ``*_s`` field)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, attribute, getattr(self, attribute) + time.perf_counter() - start)
+
+    def as_dict(self) -> dict:
+        """All fields plus the derived rates, JSON-serializable."""
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_per_forward=self.mean_accepted_per_forward,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return d
+
+    def summary(self) -> str:
+        """One line for humans."""
+        return (
+            f"{self.algorithm}: {self.new_tokens} tokens in {self.total_s:.2f}s "
+            f"({self.tokens_per_second:.1f} tok/s), {self.target_forwards} target forwards, "
+            f"acceptance {self.acceptance_rate:.2f}, {self.mean_accepted_per_forward:.2f} tokens/forward"
+            + (f" [{self.note}]" if self.note else "")
+        )
