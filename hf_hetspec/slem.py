@@ -115,16 +115,12 @@ class SLEMCandidateGenerator(CandidateGenerator):
             self.stats.skipped_drafts += 1
             return input_ids, None
         with self.stats.timer("translation_s"):
-            in_sync = self.drafter.sync(sanitize_utf8(text))
-        if not in_sync:
-            self.stats.skipped_drafts += 1
-            return input_ids, None
-        n_before = len(self.drafter.generated_ids)
+            self.drafter.sync(sanitize_utf8(text))
         with self.stats.timer("drafter_s"):
             drafted = self.drafter.draft(self.lookahead, _greedy)
         self.stats.drafter_forwards += self.lookahead
         with self.stats.timer("translation_s"):
-            candidates = self._to_target(drafted, n_before)[:budget]
+            candidates = self._to_target(drafted)[:budget]
         if not candidates:
             return input_ids, None
         self._last_draft_len = len(candidates)
@@ -132,14 +128,14 @@ class SLEMCandidateGenerator(CandidateGenerator):
         extra = torch.tensor([candidates], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, extra], dim=1), None
 
-    def _to_target(self, drafted: list[int], n_before: int) -> list[int]:
+    def _to_target(self, drafted: list[int]) -> list[int]:
         """Target ids spelling the drafted text (cut at the first special drafter token)."""
         tail: list[int] = []
         for j, tok in enumerate(drafted):
             if tok in self.drafter_vocab.special_ids:
                 if tok in self.special_to_target:
                     tail = [self.special_to_target[tok]]
-                self.drafter.discard_after(n_before + j)
+                self.drafter.discard_draft_after(j)
                 drafted = drafted[:j]
                 break
         data = self.drafter_vocab.ids_to_bytes(drafted)
