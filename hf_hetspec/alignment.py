@@ -96,6 +96,14 @@ class Vocabulary:
     def __len__(self) -> int:
         return len(self.token_bytes)
 
+    def padded(self, size: int) -> "Vocabulary":
+        """This table extended to ``size`` ids: rows of a padded embedding matrix have no token and spell
+        nothing (``b""``). A model can still emit such an id; it then contributes no text."""
+        if size <= len(self.token_bytes):
+            return self
+        return Vocabulary(self.tokenizer, self.token_bytes + [b""] * (size - len(self.token_bytes)),
+                          self.special_ids, self.kind)
+
     def ids_to_bytes(self, ids: list[int]) -> bytes:
         """Concatenated bytes of ``ids`` (list of token ids of this vocabulary)."""
         tb = self.token_bytes

@@ -60,6 +60,8 @@ class DrafterContext:
         self.n_synced = len(prompt_ids)
         self.synced_len = 0
         self.converter = TextWindowConverter(vocab, window)
+        # padded rows of the LM head are no tokens: never draft them
+        self.n_tokens = len(vocab.tokenizer)
         self.cache = DynamicCache(config=model.config)
         if hasattr(self.cache, "activate_past_recording"):
             self.cache.activate_past_recording()
@@ -109,7 +111,8 @@ class DrafterContext:
 
         Args:
             n_tokens: number of drafter forwards (the lookahead, in drafter tokens), >= 1.
-            select: maps the next-token logits (``torch.FloatTensor`` of shape ``(1, V_drafter)``) to the
+            select: maps the next-token logits (``torch.FloatTensor`` of shape ``(1, V_drafter)``, padded
+                rows of the LM head cut off) to the
                 chosen token (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device.
 
         Returns:
@@ -121,7 +124,7 @@ class DrafterContext:
         for _ in range(n_tokens):
             kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
             out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
-            feed = select(out.logits[:, -1, :])
+            feed = select(out.logits[:, -1, : self.n_tokens])
             chosen.append(feed)
         self.forwards += n_tokens
         drafted = torch.cat(chosen, dim=1)[0].tolist()  # one host sync per draft

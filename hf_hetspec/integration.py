@@ -22,7 +22,7 @@ import weakref
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
 from .alignment import Vocabulary, same_vocabulary
@@ -101,14 +101,16 @@ def last_stats(model: PreTrainedModel) -> DecodingStats | None:
 class _HetSpecDecoding:
     """The ``custom_generate`` callable handed to transformers' ``generate()``.
 
-    Its signature declares ``tokenizer`` so that transformers passes the target tokenizer on to its stopping
-    criteria (``stop_strings``) and to us.
+    Stop strings are turned into a ``StopStringCriteria`` by the wrapper, and the streamer travels here,
+    because transformers 5.x hands neither ``tokenizer`` nor ``streamer`` on when ``custom_generate`` is a
+    callable (it keeps only the keyword arguments that ``_sample`` does not declare).
     """
 
-    def __init__(self, build_proposer, stats: DecodingStats, generator: torch.Generator | None):
+    def __init__(self, build_proposer, stats: DecodingStats, generator: torch.Generator | None, streamer=None):
         self.build_proposer = build_proposer
         self.stats = stats
         self.generator = generator
+        self.streamer = streamer
 
     def __call__(
         self,
@@ -119,10 +121,11 @@ class _HetSpecDecoding:
         generation_config=None,
         synced_gpus=False,
         streamer=None,
-        tokenizer=None,
         **model_kwargs,
     ):
         proposer = self.build_proposer(input_ids, generation_config)
+        if self.streamer is not None:
+            self.streamer.put(input_ids.cpu())
         return speculative_generate(
             model,
             input_ids,
@@ -131,7 +134,7 @@ class _HetSpecDecoding:
             generation_config,
             proposer,
             self.stats,
-            streamer=streamer,
+            streamer=self.streamer,
             generator=self.generator,
             past_key_values=model_kwargs.get("past_key_values"),
         )
@@ -161,8 +164,8 @@ def _generate(self, *args, **kwargs):
 
     stats = DecodingStats(algorithm=plan["algorithm"], note=plan["note"])
     _LAST_STATS[self] = stats
-    target_vocab = vocabulary(target_tokenizer)
-    drafter_vocab = vocabulary(drafter_tokenizer)
+    target_vocab = vocabulary(target_tokenizer).padded(_rows(self))
+    drafter_vocab = vocabulary(drafter_tokenizer).padded(_rows(drafter))
 
     def build_proposer(input_ids, generation_config):
         return SLEMCandidateGenerator(
@@ -176,10 +179,24 @@ def _generate(self, *args, **kwargs):
             stats=stats,
         )
 
+    if plan["stop_strings"]:
+        # transformers drops `tokenizer` for custom_generate callables, so it cannot build this criterion
+        criteria = StoppingCriteriaList(call.get("stopping_criteria") or [])
+        criteria.append(StopStringCriteria(tokenizer=target_tokenizer, stop_strings=plan["stop_strings"]))
+        call["stopping_criteria"] = criteria
+        extra["stop_strings"] = None
+    # transformers does not hand `streamer` to custom_generate callables either: we stream ourselves
+    streamer = call.pop("streamer", None)
     call["assistant_model"] = None
-    call["custom_generate"] = _HetSpecDecoding(build_proposer, stats, generator)
+    call["custom_generate"] = _HetSpecDecoding(build_proposer, stats, generator, streamer)
     with torch.no_grad():
-        return original(self, **call, tokenizer=target_tokenizer, **extra)
+        return original(self, **call, **extra)
+
+
+def _rows(model) -> int:
+    """Rows of the model's output layer (its padded vocabulary size)."""
+    head = model.get_output_embeddings()
+    return (head if head is not None else model.get_input_embeddings()).weight.shape[0]
 
 
 def _input_ids(call: dict, extra: dict) -> torch.Tensor | None:
@@ -270,7 +287,13 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
 
     identical = same_vocabulary(target_tokenizer, drafter_tokenizer)
     note = "identical vocabularies: standard speculative decoding (exact match)" if identical else ""
-    return {"algorithm": "slem", "lookahead": lookahead, "adaptive": adaptive, "note": note}
+    return {
+        "algorithm": "slem",
+        "lookahead": lookahead,
+        "adaptive": adaptive,
+        "note": note,
+        "stop_strings": config.stop_strings,
+    }
 
 
 def _user_value(call: dict, extra: dict, name: str):

@@ -1,0 +1,336 @@
+"""generate() integration: greedy identity with the target alone, generation knobs, bad input, no mutation.
+
+Every expected value comes from the target alone (``target.generate`` without a drafter).
+"""
+
+import copy
+import itertools
+
+import pytest
+import torch
+from transformers import GenerationConfig
+from transformers.generation.streamers import BaseStreamer
+
+import hf_hetspec
+from hf_hetspec.toy import tiny_causal_lm
+
+EDGE_PROMPTS = [
+    "def f(x):\n    if x:\n        return x  \n",
+    "trailing spaces   ",
+    "混合 text: 数学 🙂👍🏽 café",
+    "a",
+]
+
+
+def _reference(pair, ids, **kwargs):
+    hf_hetspec.disable(pair.target)
+    return pair.target.generate(ids, **kwargs)
+
+
+def _hetspec(pair, ids, **kwargs):
+    hf_hetspec.enable(pair.target)
+    try:
+        return pair.target.generate(
+            ids,
+            assistant_model=pair.drafter,
+            tokenizer=pair.target_tokenizer,
+            assistant_tokenizer=pair.drafter_tokenizer,
+            **kwargs,
+        )
+    finally:
+        hf_hetspec.disable(pair.target)
+
+
+def _ids(pair, text):
+    return pair.target_tokenizer(text, return_tensors="pt").input_ids
+
+
+def _check_greedy(pair, prompts, max_new_tokens=40, **kwargs):
+    stats = []
+    for text in prompts:
+        ids = _ids(pair, text)
+        ref = _reference(pair, ids, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+        out = _hetspec(pair, ids, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+        assert out.tolist() == ref.tolist(), text
+        stats.append(hf_hetspec.last_stats(pair.target))
+    return stats
+
+
+@pytest.mark.parametrize("pair_name", ["toy_pair", "toy_pair_reversed"])
+def test_greedy_identical_to_target_alone_on_toy_pairs(request, pair_name):
+    pair = request.getfixturevalue(pair_name)
+    stats = _check_greedy(pair, pair.prompts)
+    # the drafts really are accepted: the test exercises multi-token acceptance and rollback
+    assert sum(s.accepted_tokens for s in stats) > 0.5 * sum(s.drafted_tokens for s in stats)
+    assert all(s.mean_accepted_per_forward > 1.5 for s in stats)
+    _check_greedy(pair, EDGE_PROMPTS)
+
+
+REAL = ["qwen2.5-coder", "smollm2", "gemma3"]
+
+
+@pytest.mark.parametrize("names", list(itertools.permutations(REAL, 2)), ids="-".join)
+def test_greedy_identical_on_real_vocabularies(real_pair, names):
+    pair = real_pair(*names)
+    stats = _check_greedy(pair, pair.prompts[:3] + EDGE_PROMPTS, max_new_tokens=32)
+    corpus_stats = stats[:3]
+    assert sum(s.accepted_tokens for s in corpus_stats) > 0, "no draft was ever accepted"
+
+
+def test_chat_template_prompt_keeps_special_tokens(real_pair):
+    pair = real_pair("qwen2.5-coder", "smollm2")
+    tok = pair.target_tokenizer
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": pair.prompts[0]}], add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+    ref = _reference(pair, ids, max_new_tokens=24, do_sample=False)
+    out = _hetspec(pair, ids, max_new_tokens=24, do_sample=False)
+    assert out.tolist() == ref.tolist()
+
+
+def test_stats_follow_the_documented_conventions(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    out = _hetspec(toy_pair, ids, max_new_tokens=30, do_sample=False)
+    s = hf_hetspec.last_stats(toy_pair.target)
+    assert s.new_tokens == out.shape[1] - ids.shape[1] == 30
+    assert s.algorithm == "slem"
+    assert 0 < s.accepted_tokens <= s.drafted_tokens
+    assert s.acceptance_rate == pytest.approx(s.accepted_tokens / s.drafted_tokens)
+    assert s.mean_accepted_per_forward == pytest.approx(s.new_tokens / s.target_forwards)
+    assert s.target_forwards < s.new_tokens
+    assert s.drafter_s > 0 and s.target_s > 0 and s.translation_s > 0 and s.total_s >= s.target_s
+    assert set(s.as_dict()) >= {"target_forwards", "drafted_tokens", "accepted_tokens", "acceptance_rate",
+                                "mean_accepted_per_forward", "drafter_s", "target_s", "translation_s"}
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3])
+def test_short_generations(toy_pair, max_new_tokens):
+    _check_greedy(toy_pair, toy_pair.prompts[:2], max_new_tokens=max_new_tokens)
+
+
+def test_one_token_prompt(toy_pair):
+    tok = toy_pair.target_tokenizer
+    ids = torch.tensor([[tok.convert_tokens_to_ids(tok.tokenize("The")[0])]])
+    ref = _reference(toy_pair, ids, max_new_tokens=20, do_sample=False)
+    assert _hetspec(toy_pair, ids, max_new_tokens=20, do_sample=False).tolist() == ref.tolist()
+
+
+def test_eos_inside_an_accepted_block_stops_exactly_there(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    free = _reference(toy_pair, ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1]:].tolist()
+    for position in (3, 6):
+        eos = free[position]
+        eos_list = [eos, toy_pair.target_tokenizer.eos_token_id]
+        ref = _reference(toy_pair, ids, max_new_tokens=30, do_sample=False, eos_token_id=eos_list)
+        out = _hetspec(toy_pair, ids, max_new_tokens=30, do_sample=False, eos_token_id=eos_list)
+        assert out.tolist() == ref.tolist()
+        assert out[0, -1].item() == eos and out.shape[1] <= ids.shape[1] + position + 1
+
+
+def test_stop_strings_and_custom_stopping_criteria(toy_pair):
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    ids = _ids(toy_pair, toy_pair.prompts[1])
+    tok = toy_pair.target_tokenizer
+    free = tok.decode(_reference(toy_pair, ids, max_new_tokens=30, do_sample=False)[0, ids.shape[1]:])
+    stop = free.strip().split(" ")[2]
+    kwargs = dict(max_new_tokens=30, do_sample=False, stop_strings=[stop])
+    ref = _reference(toy_pair, ids, tokenizer=tok, **kwargs)
+    out = _hetspec(toy_pair, ids, **kwargs)
+    assert out.tolist() == ref.tolist() and ref.shape[1] < ids.shape[1] + 30
+
+    class StopAtLength(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= ids.shape[1] + 7, dtype=torch.bool)
+
+    crit = dict(max_new_tokens=30, do_sample=False, stopping_criteria=StoppingCriteriaList([StopAtLength()]))
+    ref = _reference(toy_pair, ids, **crit)
+    out = _hetspec(toy_pair, ids, **crit)
+    assert out.tolist() == ref.tolist() and out.shape[1] == ids.shape[1] + 7
+
+
+class _Recorder(BaseStreamer):
+    def __init__(self):
+        self.chunks = []
+        self.ended = False
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_streamer_receives_only_accepted_tokens_as_they_come(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    rec = _Recorder()
+    out = _hetspec(toy_pair, ids, max_new_tokens=30, do_sample=False, streamer=rec)
+    assert rec.ended
+    assert rec.chunks[0] == ids[0].tolist()
+    assert sum(rec.chunks[1:], []) == out[0, ids.shape[1]:].tolist()
+    stats = hf_hetspec.last_stats(toy_pair.target)
+    assert len(rec.chunks) - 1 == stats.target_forwards  # one block per verification, not one at the end
+
+
+def test_return_dict_with_scores(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    kwargs = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    ref = _reference(toy_pair, ids, **kwargs)
+    out = _hetspec(toy_pair, ids, **kwargs)
+    assert out.sequences.tolist() == ref.sequences.tolist()
+    assert len(out.scores) == len(ref.scores) == 12
+    for a, b in zip(out.scores, ref.scores):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_fixed_lookahead_is_honored(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    ref = _reference(toy_pair, ids, max_new_tokens=24, do_sample=False)
+    out = _hetspec(toy_pair, ids, max_new_tokens=24, do_sample=False, num_assistant_tokens=3,
+                   num_assistant_tokens_schedule="constant")
+    assert out.tolist() == ref.tolist()
+    assert set(hf_hetspec.last_stats(toy_pair.target).lookaheads) == {3}
+
+
+def test_drafter_in_another_dtype(toy_pair):
+    pair = copy.copy(toy_pair)
+    pair.drafter = copy.deepcopy(toy_pair.drafter).to(torch.bfloat16)
+    _check_greedy(pair, pair.prompts[:2], max_new_tokens=24)
+
+
+def _fingerprint(model):
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        model.config.to_dict(),
+        model.generation_config.to_dict(),
+    )
+
+
+def test_models_are_not_mutated_and_a_second_call_is_identical(toy_pair):
+    before_t, before_d = _fingerprint(toy_pair.target), _fingerprint(toy_pair.drafter)
+    ids = _ids(toy_pair, toy_pair.prompts[2])
+    first = _hetspec(toy_pair, ids, max_new_tokens=20, do_sample=False)
+    torch.manual_seed(1)
+    _hetspec(toy_pair, ids, max_new_tokens=20, do_sample=True, temperature=0.8)
+    second = _hetspec(toy_pair, ids, max_new_tokens=20, do_sample=False)
+    assert first.tolist() == second.tolist()
+    for before, model in ((before_t, toy_pair.target), (before_d, toy_pair.drafter)):
+        weights, config, gen = _fingerprint(model)
+        assert config == before[1] and gen == before[2]
+        assert all(torch.equal(weights[k], before[0][k]) for k in weights)
+
+
+def test_enable_is_idempotent_and_disable_restores_exactly(toy_pair):
+    model = toy_pair.target
+    assert "generate" not in model.__dict__
+    hf_hetspec.enable(model)
+    hf_hetspec.enable(model)
+    assert hf_hetspec.is_enabled(model)
+    hf_hetspec.disable(model)
+    assert "generate" not in model.__dict__ and not hf_hetspec.is_enabled(model)
+    assert model.generate.__func__ is type(model).generate
+    # after disable, hetspec arguments are transformers' business again
+    with pytest.raises(ValueError, match="hetspec_algorithm"):
+        model.generate(_ids(toy_pair, "The"), max_new_tokens=2, hetspec_algorithm="slem")
+
+
+def test_plain_generate_is_unchanged_when_enabled(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    ref = _reference(toy_pair, ids, max_new_tokens=10, do_sample=False)
+    hf_hetspec.enable(toy_pair.target)
+    try:
+        assert toy_pair.target.generate(ids, max_new_tokens=10, do_sample=False).tolist() == ref.tolist()
+    finally:
+        hf_hetspec.disable(toy_pair.target)
+
+
+def test_same_tokenizer_with_padded_embeddings_is_standard_speculative_decoding(toy_bpe_tokenizer):
+    target = tiny_causal_lm(toy_bpe_tokenizer, seed=3, pad_vocab_to=64)
+    drafter = tiny_causal_lm(toy_bpe_tokenizer, seed=4, pad_vocab_to=300)
+    assert target.config.vocab_size != drafter.config.vocab_size
+    ids = toy_bpe_tokenizer("def f", return_tensors="pt").input_ids
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
+    hf_hetspec.enable(target)
+    out = target.generate(ids, assistant_model=drafter, tokenizer=toy_bpe_tokenizer,
+                          assistant_tokenizer=toy_bpe_tokenizer, max_new_tokens=16, do_sample=False)
+    hf_hetspec.disable(target)
+    assert out.tolist() == ref.tolist()
+    assert "identical vocabularies" in hf_hetspec.last_stats(target).note
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: a clear error before any model forward
+# ---------------------------------------------------------------------------------------------------
+
+
+class _ForwardCounter:
+    def __init__(self, *models):
+        self.count = 0
+        self.handles = [m.register_forward_pre_hook(self._hook) for m in models]
+
+    def _hook(self, module, args):
+        self.count += 1
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+BAD_INPUTS = [
+    (dict(tokenizer=None), ValueError, "tokenizer"),
+    (dict(assistant_tokenizer=None), ValueError, "assistant_tokenizer"),
+    (dict(hetspec_algorithm="bogus"), ValueError, "hetspec_algorithm"),
+    (dict(hetspec_algorithm="tli"), NotImplementedError, "tli"),
+    (dict(hetspec_algorithm="slrs"), NotImplementedError, "slrs"),
+    (dict(num_beams=2), ValueError, "num_beams"),
+    (dict(num_return_sequences=2, do_sample=True), NotImplementedError, "num_return_sequences"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+    (dict(input_ids=torch.ones(2, 3, dtype=torch.long)), NotImplementedError, "batch"),
+    (dict(input_ids=torch.ones(1, 0, dtype=torch.long)), ValueError, "empty"),
+    (dict(attention_mask=torch.tensor([[0, 1, 1]])), NotImplementedError, "attention_mask"),
+    (dict(use_cache=False), ValueError, "use_cache"),
+    (dict(hetspec_generator="seed"), TypeError, "hetspec_generator"),
+]
+
+
+@pytest.mark.parametrize("override,error,words", BAD_INPUTS, ids=[b[2] for b in BAD_INPUTS])
+def test_bad_input_raises_before_any_work(toy_pair, override, error, words):
+    kwargs = dict(
+        input_ids=torch.tensor([[5, 6, 7]]),
+        assistant_model=toy_pair.drafter,
+        tokenizer=toy_pair.target_tokenizer,
+        assistant_tokenizer=toy_pair.drafter_tokenizer,
+        max_new_tokens=5,
+    )
+    kwargs.update(override)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    counter = _ForwardCounter(toy_pair.target, toy_pair.drafter)
+    hf_hetspec.enable(toy_pair.target)
+    try:
+        with pytest.raises(error, match=words):
+            toy_pair.target.generate(**kwargs)
+    finally:
+        hf_hetspec.disable(toy_pair.target)
+        counter.close()
+    assert counter.count == 0
+
+
+def test_wrong_tokenizer_for_the_model_is_reported(toy_pair, real_tokenizer):
+    big = real_tokenizer("gemma3")
+    hf_hetspec.enable(toy_pair.target)
+    try:
+        with pytest.raises(ValueError, match="assistant_tokenizer.*embedding"):
+            toy_pair.target.generate(torch.tensor([[5, 6]]), assistant_model=toy_pair.drafter,
+                                     tokenizer=toy_pair.target_tokenizer, assistant_tokenizer=big,
+                                     max_new_tokens=3)
+    finally:
+        hf_hetspec.disable(toy_pair.target)
+
+
+def test_generation_config_object_is_honored(toy_pair):
+    ids = _ids(toy_pair, toy_pair.prompts[3])
+    cfg = GenerationConfig(max_new_tokens=15, do_sample=False, eos_token_id=toy_pair.target.generation_config.eos_token_id)
+    ref = _reference(toy_pair, ids, generation_config=cfg)
+    out = _hetspec(toy_pair, ids, generation_config=cfg)
+    assert out.tolist() == ref.tolist()
