@@ -1,0 +1,161 @@
+"""Shared pytest fixtures: toy tokenizers, correlated toy model pairs, and the real tokenizers in ../shared.
+
+Fixtures (all expensive ones are session-scoped and built lazily, on first use):
+
+* ``toy_bpe_tokenizer`` -- :func:`hf_hetspec.toy.byte_level_bpe_tokenizer` (Qwen-style, 483 ids).
+* ``toy_sp_tokenizer`` -- :func:`hf_hetspec.toy.sentencepiece_bpe_tokenizer` (Gemma-style, 600 ids).
+* ``toy_pair`` -- :class:`hf_hetspec.toy.CorrelatedPair`: byte-level target (``Qwen2ForCausalLM``, logits
+  padded to 512), sentencepiece drafter (``LlamaForCausalLM``, 600 logits). ~6 s CPU to build.
+* ``toy_pair_reversed`` -- sentencepiece target (padded to 640), byte-level drafter (padded to 512).
+* ``shared_tokenizers_dir`` -- ``<repo>/../shared/tokenizers``; skips the test when absent (fresh clone).
+* ``real_tokenizer(name)`` / ``real_pair(target_name, drafter_name)`` -- cached factories for the real
+  tokenizers (``"qwen2.5-coder"``, ``"smollm2"``, ``"gemma3"``) and correlated tiny pairs built on them
+  (embedding sizes from each ``model_config.json``). Parametrize with names, e.g.::
+
+      @pytest.mark.parametrize("names", [("qwen2.5-coder", "gemma3"), ("gemma3", "smollm2")])
+      def test_something(real_pair, names):
+          pair = real_pair(*names)
+
+Torch runs with few threads (``HF_HETSPEC_TEST_THREADS``, default 1 on machines with <= 2 cores, else 4):
+the toy models are tiny, so more threads only add overhead, and on a shared 2-core runner oversubscribed
+threads make training 5-10x slower. Seeds are fixed per test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # a fresh clone that is not pip-installed
+    sys.path.insert(0, str(REPO_ROOT))
+
+from hf_hetspec import toy  # noqa: E402
+
+#: Names of the real tokenizers under ``../shared/tokenizers``.
+REAL_TOKENIZER_NAMES = ("qwen2.5-coder", "smollm2", "gemma3")
+# Architecture of the tiny stand-in model for each real tokenizer (Gemma-3 gets a Llama body).
+_REAL_ARCH = {"qwen2.5-coder": "qwen2", "smollm2": "llama", "gemma3": "llama"}
+
+
+def _default_threads() -> int:
+    env = os.environ.get("HF_HETSPEC_TEST_THREADS")
+    if env:
+        return max(1, int(env))
+    cores = os.cpu_count() or 1
+    return 1 if cores <= 2 else min(4, cores)
+
+
+torch.set_num_threads(_default_threads())
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seeds():
+    """Seed Python's and torch's global RNGs before every test."""
+    random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session")
+def toy_bpe_tokenizer():
+    """Qwen-style byte-level BPE toy tokenizer (shared by the session: do not mutate)."""
+    return toy.byte_level_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def toy_sp_tokenizer():
+    """Gemma-style sentencepiece BPE toy tokenizer with byte fallback (shared: do not mutate)."""
+    return toy.sentencepiece_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def toy_pair(toy_bpe_tokenizer, toy_sp_tokenizer) -> toy.CorrelatedPair:
+    """Byte-level target (Qwen2, logits padded to a multiple of 64) + sentencepiece drafter (Llama)."""
+    return toy.correlated_pair(toy_bpe_tokenizer, toy_sp_tokenizer, seed=0)
+
+
+@pytest.fixture(scope="session")
+def toy_pair_reversed(toy_bpe_tokenizer, toy_sp_tokenizer) -> toy.CorrelatedPair:
+    """Sentencepiece target (Qwen2 body, padded) + byte-level drafter (Llama, padded to a multiple of 64)."""
+    return toy.correlated_pair(
+        toy_sp_tokenizer, toy_bpe_tokenizer, seed=1, drafter_kwargs={"pad_vocab_to": 64}
+    )
+
+
+@pytest.fixture(scope="session")
+def shared_tokenizers_dir() -> Path:
+    """``<repo>/../shared/tokenizers`` holding the real tokenizers; skips the test when it is absent."""
+    path = REPO_ROOT.parent / "shared" / "tokenizers"
+    if not path.is_dir():
+        pytest.skip(f"real tokenizers not available: {path} does not exist (fresh clone without ../shared)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(shared_tokenizers_dir):
+    """Factory ``real_tokenizer(name) -> tokenizer`` (cached; Gemma-3 takes ~3 s to load).
+
+    Skips the test when ``name``'s folder is missing; raises ``KeyError`` for an unknown name.
+    """
+    from transformers import AutoTokenizer
+
+    cache: dict[str, object] = {}
+
+    def load(name: str):
+        if name not in REAL_TOKENIZER_NAMES:
+            raise KeyError(f"unknown real tokenizer {name!r}; expected one of {REAL_TOKENIZER_NAMES}")
+        if name not in cache:
+            path = shared_tokenizers_dir / name
+            if not (path / "tokenizer.json").is_file():
+                pytest.skip(f"real tokenizer {name!r} not available under {path}")
+            cache[name] = AutoTokenizer.from_pretrained(str(path))
+        return cache[name]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def real_model_config(shared_tokenizers_dir):
+    """Factory ``real_model_config(name) -> dict``: the real checkpoint's ``model_config.json``."""
+
+    def load(name: str) -> dict:
+        return json.loads((shared_tokenizers_dir / name / "model_config.json").read_text())
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def real_pair(real_tokenizer, real_model_config):
+    """Factory ``real_pair(target_name, drafter_name) -> CorrelatedPair`` (cached per name pair, ~7 s CPU each).
+
+    Each tiny model's embedding / LM head has the real checkpoint's ``vocab_size`` (e.g. 262,144 for
+    Gemma-3, 151,936 for Qwen2.5-Coder); both memorized :data:`hf_hetspec.toy.TOY_CORPUS`.
+    """
+    cache: dict[tuple[str, str], toy.CorrelatedPair] = {}
+
+    def build(target_name: str, drafter_name: str) -> toy.CorrelatedPair:
+        key = (target_name, drafter_name)
+        if key not in cache:
+            cache[key] = toy.correlated_pair(
+                real_tokenizer(target_name),
+                real_tokenizer(drafter_name),
+                seed=0,
+                target_kwargs={
+                    "arch": _REAL_ARCH[target_name],
+                    "vocab_size": real_model_config(target_name)["vocab_size"],
+                },
+                drafter_kwargs={
+                    "arch": _REAL_ARCH[drafter_name],
+                    "vocab_size": real_model_config(drafter_name)["vocab_size"],
+                },
+            )
+        return cache[key]
+
+    return build
