@@ -13,8 +13,19 @@ Usage::
 """
 
 from .integration import ALGORITHMS, IMPLEMENTED, disable, enable, is_enabled, last_stats
+from .intersection import VocabularyIntersection, vocabulary_intersection
 from .stats import DecodingStats
 
 __version__ = "0.1.0"
 
-__all__ = ["ALGORITHMS", "IMPLEMENTED", "DecodingStats", "disable", "enable", "is_enabled", "last_stats"]
+__all__ = [
+    "ALGORITHMS",
+    "IMPLEMENTED",
+    "DecodingStats",
+    "VocabularyIntersection",
+    "disable",
+    "enable",
+    "is_enabled",
+    "last_stats",
+    "vocabulary_intersection",
+]

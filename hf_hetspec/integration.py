@@ -22,17 +22,30 @@ import weakref
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, StoppingCriteriaList, StopStringCriteria
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedModel,
+    StoppingCriteriaList,
+    StopStringCriteria,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation.utils import GenerationMixin
 
 from .alignment import Vocabulary, same_vocabulary
 from .decoding import speculative_generate
+from .drafter import model_device
+from .intersection import intersection_for
 from .slem import SLEMCandidateGenerator
+from .tli import TLICandidateGenerator
 from .stats import DecodingStats
 
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
-IMPLEMENTED = ("slem",)
+IMPLEMENTED = ("slem", "tli")
 DEFAULT_LOOKAHEAD = 5
+MIN_TLI_SHARE = 0.01  # TLI needs at least this share of the drafter's tokens in the intersection
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
 _LAST_STATS: "weakref.WeakKeyDictionary[PreTrainedModel, DecodingStats]" = weakref.WeakKeyDictionary()
@@ -164,20 +177,7 @@ def _generate(self, *args, **kwargs):
 
     stats = DecodingStats(algorithm=plan["algorithm"], note=plan["note"])
     _LAST_STATS[self] = stats
-    target_vocab = vocabulary(target_tokenizer).padded(_rows(self))
-    drafter_vocab = vocabulary(drafter_tokenizer).padded(_rows(drafter))
-
-    def build_proposer(input_ids, generation_config):
-        return SLEMCandidateGenerator(
-            target_vocab,
-            drafter,
-            drafter_vocab,
-            input_ids,
-            lookahead=plan["lookahead"],
-            adaptive=plan["adaptive"],
-            max_length=generation_config.max_length,
-            stats=stats,
-        )
+    build_proposer = _proposer_factory(plan, self, drafter, stats, generator)
 
     if plan["stop_strings"]:
         # transformers drops `tokenizer` for custom_generate callables, so it cannot build this criterion
@@ -191,6 +191,67 @@ def _generate(self, *args, **kwargs):
     call["custom_generate"] = _HetSpecDecoding(build_proposer, stats, generator, streamer)
     with torch.no_grad():
         return original(self, **call, **extra)
+
+
+def _proposer_factory(plan: dict, target, drafter, stats: DecodingStats, generator):
+    """A function ``(input_ids, generation_config) -> CandidateGenerator`` for the planned algorithm."""
+    target_vocab, drafter_vocab = plan["target_vocab"], plan["drafter_vocab"]
+
+    def build(input_ids, generation_config):
+        common = dict(
+            lookahead=plan["lookahead"],
+            adaptive=plan["adaptive"],
+            max_length=generation_config.max_length,
+            stats=stats,
+        )
+        if plan["algorithm"] == "slem":
+            return SLEMCandidateGenerator(target_vocab, drafter, drafter_vocab, input_ids, **common)
+        sampling = bool(generation_config.do_sample)
+        return TLICandidateGenerator(
+            target_vocab,
+            drafter,
+            drafter_vocab,
+            input_ids,
+            intersection=plan["intersection"],
+            sampling=sampling,
+            drafter_processors=_drafter_warpers(generation_config) if sampling else None,
+            generator=_drafter_generator(generator, model_device(drafter)),
+            target_eos_ids=_eos_ids(generation_config),
+            **common,
+        )
+
+    return build
+
+
+def _drafter_warpers(config: GenerationConfig) -> LogitsProcessorList:
+    """The call's vocabulary-independent sampling settings, for the drafter's own logits.
+
+    Only temperature, top-k and top-p: processors that index token ids (repetition penalty, bad words,
+    suppressed or forced tokens) belong to the target's vocabulary and are never applied to the drafter.
+    """
+    warpers = LogitsProcessorList()
+    if config.temperature is not None and config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(config.temperature))
+    if config.top_k is not None and config.top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=config.top_k))
+    if config.top_p is not None and config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=config.top_p))
+    return warpers
+
+
+def _drafter_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on the drafter's device, seeded from the call's generator (``None`` = global RNG)."""
+    if generator is None:
+        return None
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _eos_ids(config: GenerationConfig) -> list[int]:
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
 def _rows(model) -> int:
@@ -286,13 +347,37 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
     adaptive = schedule in ("heuristic", "heuristic_transient") or (explicit is None and schedule is None)
 
     identical = same_vocabulary(target_tokenizer, drafter_tokenizer)
-    note = "identical vocabularies: standard speculative decoding (exact match)" if identical else ""
+    target_vocab = vocabulary(target_tokenizer).padded(_rows(target))
+    drafter_vocab = vocabulary(drafter_tokenizer).padded(_rows(drafter))
+    resolved = algorithm
+    if algorithm == "auto":
+        # greedy: SLEM (exact match needs no intersection, accepts any tokenization);
+        # sampling: TLI (speculative sampling accepts near-misses, which exact match cannot)
+        resolved = "tli" if config.do_sample else "slem"
+    intersection = None
+    if resolved == "tli":
+        intersection = intersection_for(target_vocab, drafter_vocab)
+        share = intersection.drafter_shared / max(1, len(drafter_tokenizer))
+        if share < MIN_TLI_SHARE:
+            if algorithm == "auto":
+                resolved, intersection = "slem", None
+            else:
+                raise ValueError(
+                    f"hetspec_algorithm='tli': only {intersection.drafter_shared} of the drafter's "
+                    f"{len(drafter_tokenizer)} tokens ({share:.2%}) are shared with the target "
+                    f"({getattr(target_tokenizer, 'name_or_path', 'target')} / "
+                    f"{getattr(drafter_tokenizer, 'name_or_path', 'drafter')}); use hetspec_algorithm='slem'."
+                )
+    note = f"identical vocabularies: standard speculative decoding ({resolved})" if identical else ""
     return {
-        "algorithm": "slem",
+        "algorithm": resolved,
         "lookahead": lookahead,
         "adaptive": adaptive,
         "note": note,
         "stop_strings": config.stop_strings,
+        "target_vocab": target_vocab,
+        "drafter_vocab": drafter_vocab,
+        "intersection": intersection,
     }
 
 

@@ -1,0 +1,191 @@
+"""Byte-exact vocabulary intersection between a target and a drafter tokenizer (TLI, Timor et al. 2025, §3.3).
+
+Two tokens are *shared* when they contribute exactly the same bytes to the text
+(:class:`~hf_hetspec.alignment.Vocabulary`): a byte-level ``Ġhello`` and a SentencePiece ``▁hello`` are the
+same token, a SentencePiece byte-fallback ``<0xE4>`` equals a byte-level token for byte ``0xE4`` (bytes that
+are not valid UTF-8 on their own are still compared as bytes). Special tokens are never shared by string:
+they are paired explicitly, by role (EOS <-> EOS) and by identical content (``<|im_end|>`` in both).
+
+When several ids of one tokenizer spell the same bytes (a SentencePiece vocabulary holds both ``A`` and its
+byte-fallback ``<0xNN>``), the map sends each drafter id to the target id the target tokenizer itself
+would produce for those bytes (the regular token, not the byte-fallback one); several drafter ids may map
+to one target id, and the drafter's probability is then *added* (a push-forward, never first-wins).
+
+Maps are built once per pair in ascending id order and cached on disk keyed by a hash of both byte tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .alignment import Vocabulary
+
+_BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class VocabularyIntersection:
+    """Id maps between the shared tokens of two vocabularies.
+
+    Attributes:
+        drafter_to_target (``torch.LongTensor`` of shape ``(V_drafter,)``): target id of each drafter id,
+            ``-1`` where the drafter token has no target counterpart.
+        target_to_drafter (``torch.LongTensor`` of shape ``(V_target,)``): a drafter id spelling the same
+            bytes (the lowest such id), ``-1`` where none.
+        target_size, drafter_size: ``V_target`` and ``V_drafter`` (table sizes, padded rows included).
+    """
+
+    drafter_to_target: torch.Tensor
+    target_to_drafter: torch.Tensor
+    target_size: int
+    drafter_size: int
+
+    def __len__(self) -> int:
+        """Number of target tokens that have a drafter counterpart."""
+        return int((self.target_to_drafter >= 0).sum())
+
+    @property
+    def drafter_shared(self) -> int:
+        """Number of drafter tokens that have a target counterpart."""
+        return int((self.drafter_to_target >= 0).sum())
+
+    def to(self, device) -> "VocabularyIntersection":
+        """The same maps on ``device``."""
+        return VocabularyIntersection(
+            self.drafter_to_target.to(device), self.target_to_drafter.to(device), self.target_size, self.drafter_size
+        )
+
+    def push_forward(self, drafter_probs: torch.Tensor) -> torch.Tensor:
+        """Drafter probabilities as probabilities over target ids (mass of unshared tokens is dropped).
+
+        Args:
+            drafter_probs (``torch.FloatTensor`` of shape ``(..., V_drafter)``).
+
+        Returns:
+            ``torch.FloatTensor`` of shape ``(..., V_target)``: ``out[t] = sum(p[d] for d with map(d) == t)``.
+        """
+        mapped = self.drafter_to_target.to(drafter_probs.device)
+        valid = mapped >= 0
+        values = drafter_probs[..., : mapped.shape[0]] * valid
+        index = mapped.clamp_min(0).expand_as(values)
+        out = drafter_probs.new_zeros(*drafter_probs.shape[:-1], self.target_size)
+        return out.scatter_add_(-1, index, values)
+
+    def summary(self) -> str:
+        """One line: sizes and shares."""
+        return (
+            f"{len(self)} shared tokens: {len(self) / self.target_size:.1%} of the target's {self.target_size}, "
+            f"{self.drafter_shared / self.drafter_size:.1%} of the drafter's {self.drafter_size} ids"
+        )
+
+
+def _canonical_ids(vocab: Vocabulary) -> dict[bytes, int]:
+    """bytes -> the id the tokenizer uses for them: regular tokens before byte-fallback ones, then lowest id."""
+    tokens = vocab.tokenizer.convert_ids_to_tokens(list(range(len(vocab.tokenizer))))
+    best: dict[bytes, int] = {}
+    fallback: dict[bytes, int] = {}
+    for idx, data in enumerate(vocab.token_bytes):
+        if not data or idx in vocab.special_ids:
+            continue
+        token = tokens[idx] if idx < len(tokens) else None
+        table = fallback if (vocab.kind == "metaspace" and token and _BYTE_FALLBACK.match(token)) else best
+        table.setdefault(data, idx)
+    for data, idx in fallback.items():
+        best.setdefault(data, idx)
+    return best
+
+
+def _special_pairs(target: Vocabulary, drafter: Vocabulary) -> list[tuple[int, int]]:
+    """(drafter id, target id) for special tokens: same role (EOS/BOS/PAD) or same content."""
+    pairs = {}
+    t_tok, d_tok = target.tokenizer, drafter.tokenizer
+    for role in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        d_id, t_id = getattr(d_tok, role, None), getattr(t_tok, role, None)
+        if d_id is not None and t_id is not None:
+            pairs.setdefault(d_id, t_id)
+    by_content = {target.token_bytes[i]: i for i in sorted(target.special_ids)}
+    for d_id in sorted(drafter.special_ids):
+        t_id = by_content.get(drafter.token_bytes[d_id])
+        if t_id is not None:
+            pairs[d_id] = t_id  # the same literal control token beats a role guess
+    return sorted(pairs.items())
+
+
+def _build(target: Vocabulary, drafter: Vocabulary) -> VocabularyIntersection:
+    canonical = _canonical_ids(target)
+    d2t = torch.full((len(drafter),), -1, dtype=torch.long)
+    t2d = torch.full((len(target),), -1, dtype=torch.long)
+    for d_id, data in enumerate(drafter.token_bytes):
+        if not data or d_id in drafter.special_ids:
+            continue
+        t_id = canonical.get(data)
+        if t_id is not None:
+            d2t[d_id] = t_id
+    for d_id, t_id in _special_pairs(target, drafter):
+        if d_id < len(drafter) and t_id < len(target):
+            d2t[d_id] = t_id
+    shared = (d2t >= 0).nonzero().flatten()
+    # lowest drafter id per target id: scatter in descending order so the lowest id is written last
+    order = shared.flip(0)
+    t2d[d2t[order]] = order
+    return VocabularyIntersection(d2t, t2d, len(target), len(drafter))
+
+
+def cache_dir() -> Path:
+    """``$HF_HETSPEC_HOME/intersections`` (default ``~/.cache/hf_hetspec/intersections``)."""
+    root = os.environ.get("HF_HETSPEC_HOME") or Path.home() / ".cache" / "hf_hetspec"
+    return Path(root) / "intersections"
+
+
+def _key(target: Vocabulary, drafter: Vocabulary) -> str:
+    h = hashlib.sha256(f"v{FORMAT_VERSION}".encode())
+    for vocab in (target, drafter):
+        h.update(len(vocab).to_bytes(8, "little"))
+        for data in vocab.token_bytes:
+            h.update(len(data).to_bytes(2, "little"))
+            h.update(data)
+        h.update(repr(sorted(vocab.special_ids)).encode())
+        for role in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            h.update(repr(getattr(vocab.tokenizer, role, None)).encode())
+    return h.hexdigest()[:32]
+
+
+def intersection_for(target: Vocabulary, drafter: Vocabulary, use_cache: bool = True) -> VocabularyIntersection:
+    """The intersection of two byte tables, from the disk cache when present (see the module docstring)."""
+    if not use_cache:
+        return _build(target, drafter)
+    path = cache_dir() / f"{_key(target, drafter)}.safetensors"
+    if path.is_file():
+        try:
+            t = load_file(str(path))
+            return VocabularyIntersection(t["drafter_to_target"], t["target_to_drafter"], len(target), len(drafter))
+        except Exception as err:  # a corrupt cache file: rebuild it, and say so
+            import warnings
+
+            warnings.warn(f"rebuilding the vocabulary intersection: cache file {path} is unreadable ({err})")
+    result = _build(target, drafter)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({"drafter_to_target": result.drafter_to_target, "target_to_drafter": result.target_to_drafter}, str(tmp))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the rebuild next time
+    return result
+
+
+def vocabulary_intersection(target_tokenizer, drafter_tokenizer) -> VocabularyIntersection:
+    """Byte-exact vocabulary intersection of two fast tokenizers (public API; see the module docstring).
+
+    Raises:
+        ValueError: a tokenizer whose token bytes cannot be read (not a fast BPE/SentencePiece tokenizer).
+    """
+    return intersection_for(Vocabulary.from_tokenizer(target_tokenizer), Vocabulary.from_tokenizer(drafter_tokenizer))

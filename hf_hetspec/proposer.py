@@ -1,0 +1,123 @@
+"""What every heterogeneous-vocabulary drafter does between two verifications.
+
+:class:`HeterogeneousProposer` is the ``CandidateGenerator`` base of SLEM, TLI and SLRS: it follows the
+target's accepted ids, keeps the drafter's context on the same text (:class:`~hf_hetspec.drafter.DrafterContext`),
+respects the length budget, adapts the lookahead, and leaves to each algorithm only :meth:`_propose` --
+how to draft and what to hand to :mod:`hf_hetspec.verify`.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation import CandidateGenerator
+
+from .alignment import Vocabulary, complete_utf8_prefix, sanitize_utf8
+from .drafter import DrafterContext
+from .stats import DecodingStats
+
+
+def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, target_prompt: list[int]) -> list[int]:
+    """The prompt in drafter token ids: the target prompt's text, encoded by the drafter tokenizer.
+
+    Special tokens of the prompt (chat-template markers) are kept as text and become drafter special
+    tokens where the drafter has a token of the same content. The drafter's own BOS is added once if its
+    tokenizer adds one (and not again if the text already starts with it).
+    """
+    text = target_vocab.ids_to_bytes(target_prompt).decode("utf-8", errors="replace")
+    tok = drafter_vocab.tokenizer
+    ids = tok.encode(text, add_special_tokens=True)
+    bos = tok.bos_token_id
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
+class HeterogeneousProposer(CandidateGenerator):
+    """Base ``CandidateGenerator`` for drafters with another vocabulary.
+
+    Args:
+        target_vocab: byte table of the target tokenizer (padded to the target's LM-head rows).
+        drafter: the drafter model.
+        drafter_vocab: byte table of the drafter tokenizer (padded to the drafter's LM-head rows).
+        input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
+        lookahead: drafter tokens per draft (initial value when ``adaptive``), >= 1.
+        adaptive: grow the lookahead by 2 after a fully accepted draft, shrink it by 1 otherwise
+            (transformers' "heuristic" schedule), within ``[1, max_lookahead]``.
+        max_length: the target's ``generation_config.max_length``; drafts never cross it.
+        stats: statistics of the call, updated in place.
+        window: tokens of context re-encoded with new text on either side.
+    """
+
+    def __init__(
+        self,
+        target_vocab: Vocabulary,
+        drafter,
+        drafter_vocab: Vocabulary,
+        input_ids: torch.LongTensor,
+        *,
+        lookahead: int,
+        adaptive: bool,
+        max_length: int,
+        stats: DecodingStats,
+        max_lookahead: int = 16,
+        window: int = 4,
+    ):
+        self.target_vocab = target_vocab
+        self.drafter_vocab = drafter_vocab
+        self.lookahead = lookahead
+        self.adaptive = adaptive
+        self.max_lookahead = max(max_lookahead, lookahead)
+        self.max_length = max_length
+        self.stats = stats
+        self.target_ids: list[int] = input_ids[0].tolist()
+        self.target_gen_bytes = b""
+        with stats.timer("translation_s"):
+            prompt = drafter_prompt_ids(target_vocab, drafter_vocab, self.target_ids)
+        self.drafter = DrafterContext(drafter, drafter_vocab, prompt, window)
+        self._last_draft_len = 0
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """Return ``(candidate_input_ids, candidate_logits)``.
+
+        Args:
+            input_ids (``torch.LongTensor`` of shape ``(1, n)``): accepted target ids.
+
+        Returns:
+            ``candidate_input_ids`` (``torch.LongTensor`` of shape ``(1, n + k)``): ``input_ids`` followed by
+            ``k >= 0`` draft tokens in the target vocabulary; ``candidate_logits``
+            (``torch.FloatTensor`` of shape ``(1, k, V_target)``) whose softmax is the distribution each draft
+            token was sampled from, or ``None`` for exact-match verification.
+        """
+        self._last_draft_len = 0
+        new = input_ids[0, len(self.target_ids) :].tolist()
+        self.target_ids.extend(new)
+        self.target_gen_bytes += self.target_vocab.ids_to_bytes(new)
+        budget = self.max_length - len(self.target_ids) - 1
+        text = self.target_gen_bytes
+        if budget < 1 or complete_utf8_prefix(text) < len(text):
+            # no room, or the target stopped inside a character: let it finish on its own
+            self.stats.skipped_drafts += 1
+            return input_ids, None
+        with self.stats.timer("translation_s"):
+            self.drafter.sync(sanitize_utf8(text))
+        candidates, logits = self._propose(budget)
+        if not candidates:
+            return input_ids, None
+        self._last_draft_len = len(candidates)
+        self.stats.lookaheads.append(self.lookahead)
+        self.stats.drafter_forwards += self.lookahead
+        extra = torch.tensor([candidates], dtype=input_ids.dtype, device=input_ids.device)
+        return torch.cat([input_ids, extra], dim=1), logits
+
+    def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
+        """Draft up to ``budget`` target tokens: ``(target ids, candidate_logits (1, k, V_target) or None)``."""
+        raise NotImplementedError
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        """Adapt the lookahead: +2 after a fully accepted draft, -1 otherwise (when ``adaptive``)."""
+        if not self.adaptive or self._last_draft_len == 0:
+            return
+        if num_matches >= self._last_draft_len:
+            self.lookahead = min(self.lookahead + 2, self.max_lookahead)
+        else:
+            self.lookahead = max(1, self.lookahead - 1)
