@@ -213,13 +213,14 @@ class TextWindowConverter:
         self.vocab = vocab
         self.window = window
 
-    def window_start(self, context_ids: list[int], end: int | None = None) -> int:
-        """Index where the window over ``context_ids[:end]`` starts (on a UTF-8 character boundary)."""
+    def window_start(self, context_ids: list[int], end: int | None = None, floor: int = 0) -> int:
+        """Index where the window over ``context_ids[floor:end]`` starts (on a UTF-8 character boundary
+        where possible)."""
         end = len(context_ids) if end is None else end
-        start = max(0, end - self.window)
+        start = max(floor, end - self.window)
         tb = self.vocab.token_bytes
         # a window that starts inside a character cannot be decoded to text; widen it
-        while start > 0 and tb[context_ids[start]][:1] and (tb[context_ids[start]][0] & 0xC0) == 0x80:
+        while start > floor and tb[context_ids[start]][:1] and (tb[context_ids[start]][0] & 0xC0) == 0x80:
             start -= 1
         return start
 
@@ -258,18 +259,19 @@ class TextWindowConverter:
         # across it, which the fixed context cannot do. Encode the new text on its own.
         return self.vocab.encode(new_text)
 
-    def resync(self, context_ids: list[int], keep: int, new_text: str) -> tuple[int, list[int]]:
+    def resync(self, context_ids: list[int], keep: int, new_text: str, floor: int = 0) -> tuple[int, list[int]]:
         """Re-tokenize ``context_ids[:keep]`` + ``new_text``, allowed to replace the last window tokens.
 
         Used for the drafter, whose context may be rewritten (its KV cache is cropped): the window tokens
         are re-encoded with the new text and only the prefix that still matches is kept.
 
         Returns:
-            (n_keep, new_ids): keep ``context_ids[:n_keep]`` (``n_keep <= keep``) and append ``new_ids``.
+            (n_keep, new_ids): keep ``context_ids[:n_keep]`` (``floor <= n_keep <= keep``) and append
+            ``new_ids``.
         """
         if not new_text:
             return keep, []
-        start = self.window_start(context_ids, keep)
+        start = self.window_start(context_ids, keep, floor)
         win = context_ids[start:keep]
         try:
             win_text = self.vocab.ids_to_bytes(win).decode("utf-8")

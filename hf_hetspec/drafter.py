@@ -131,6 +131,24 @@ class DrafterContext:
         self.ids.extend(drafted)
         return drafted
 
+    @torch.no_grad()
+    def next_logits(self) -> torch.Tensor:
+        """One drafter forward over the uncached tail: next-token logits (``(1, V_drafter)``, padded rows cut)."""
+        cached = self.cache.get_seq_length()
+        feed = torch.tensor([self.ids[cached:]], device=self.device)
+        kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
+        self.forwards += 1
+        return out.logits[:, -1, : self.n_tokens]
+
+    def append_text(self, text: str) -> None:
+        """Extend the context by ``text`` (re-tokenized with the window; the last tokens may be replaced and
+        the cache is rolled back to the first changed position)."""
+        n_keep, new_ids = self.converter.resync(self.ids, len(self.ids), text, floor=self.n_synced)
+        del self.ids[n_keep:]
+        self.ids.extend(new_ids)
+        rollback_cache(self.cache, min(self.cache.get_seq_length(), n_keep, len(self.ids) - 1))
+
     def discard_draft_after(self, n: int) -> None:
         """Forget draft tokens after the first ``n`` (e.g. past a special token)."""
         del self.ids[self.n_synced + n :]

@@ -37,13 +37,14 @@ from transformers.generation.utils import GenerationMixin
 from .alignment import Vocabulary, same_vocabulary
 from .decoding import speculative_generate
 from .drafter import model_device
-from .intersection import intersection_for
+from .intersection import intersection_for, prefix_map_for
 from .slem import SLEMCandidateGenerator
+from .slrs import SLRSCandidateGenerator
 from .tli import TLICandidateGenerator
 from .stats import DecodingStats
 
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
-IMPLEMENTED = ("slem", "tli")
+IMPLEMENTED = ("slem", "tli", "slrs")
 DEFAULT_LOOKAHEAD = 5
 MIN_TLI_SHARE = 0.01  # TLI needs at least this share of the drafter's tokens in the intersection
 
@@ -207,17 +208,24 @@ def _proposer_factory(plan: dict, target, drafter, stats: DecodingStats, generat
         if plan["algorithm"] == "slem":
             return SLEMCandidateGenerator(target_vocab, drafter, drafter_vocab, input_ids, **common)
         sampling = bool(generation_config.do_sample)
-        return TLICandidateGenerator(
-            target_vocab,
-            drafter,
-            drafter_vocab,
-            input_ids,
-            intersection=plan["intersection"],
+        common.update(
             sampling=sampling,
             drafter_processors=_drafter_warpers(generation_config) if sampling else None,
             generator=_drafter_generator(generator, model_device(drafter)),
             target_eos_ids=_eos_ids(generation_config),
-            **common,
+        )
+        if plan["algorithm"] == "slrs":
+            return SLRSCandidateGenerator(
+                target_vocab,
+                drafter,
+                drafter_vocab,
+                input_ids,
+                prefix_map=plan["prefix_map"],
+                target_size=len(target_vocab),
+                **common,
+            )
+        return TLICandidateGenerator(
+            target_vocab, drafter, drafter_vocab, input_ids, intersection=plan["intersection"], **common
         )
 
     return build
@@ -368,6 +376,7 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
                     f"({getattr(target_tokenizer, 'name_or_path', 'target')} / "
                     f"{getattr(drafter_tokenizer, 'name_or_path', 'drafter')}); use hetspec_algorithm='slem'."
                 )
+    prefix_map = prefix_map_for(target_vocab, drafter_vocab) if resolved == "slrs" else None
     note = f"identical vocabularies: standard speculative decoding ({resolved})" if identical else ""
     return {
         "algorithm": resolved,
@@ -378,6 +387,7 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         "target_vocab": target_vocab,
         "drafter_vocab": drafter_vocab,
         "intersection": intersection,
+        "prefix_map": prefix_map,
     }
 
 

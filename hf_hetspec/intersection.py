@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +73,7 @@ class VocabularyIntersection:
         Returns:
             ``torch.FloatTensor`` of shape ``(..., V_target)``: ``out[t] = sum(p[d] for d with map(d) == t)``.
         """
-        mapped = self.drafter_to_target.to(drafter_probs.device)
-        valid = mapped >= 0
-        values = drafter_probs[..., : mapped.shape[0]] * valid
-        index = mapped.clamp_min(0).expand_as(values)
-        out = drafter_probs.new_zeros(*drafter_probs.shape[:-1], self.target_size)
-        return out.scatter_add_(-1, index, values)
+        return push_forward(drafter_probs, self.drafter_to_target, self.target_size)
 
     def summary(self) -> str:
         """One line: sizes and shares."""
@@ -85,6 +81,27 @@ class VocabularyIntersection:
             f"{len(self)} shared tokens: {len(self) / self.target_size:.1%} of the target's {self.target_size}, "
             f"{self.drafter_shared / self.drafter_size:.1%} of the drafter's {self.drafter_size} ids"
         )
+
+
+def push_forward(drafter_probs: torch.Tensor, drafter_to_target: torch.Tensor, target_size: int) -> torch.Tensor:
+    """Image of a distribution over drafter ids under a map to target ids (one ``scatter_add``).
+
+    Args:
+        drafter_probs (``torch.FloatTensor`` of shape ``(..., V)``): ``V`` <= ``len(drafter_to_target)``
+            (padded LM-head rows may already be cut off).
+        drafter_to_target (``torch.LongTensor`` of shape ``(V_drafter,)``): target id per drafter id, ``-1``
+            for ids that map nowhere (their probability must be 0, or it is dropped).
+        target_size: ``V_target``.
+
+    Returns:
+        ``torch.FloatTensor`` of shape ``(..., V_target)`` with ``out[t] = sum(p[d] for map(d) == t)``.
+    """
+    n = drafter_probs.shape[-1]
+    mapped = drafter_to_target[:n].to(drafter_probs.device)
+    values = drafter_probs * (mapped >= 0)
+    index = mapped.clamp_min(0).expand_as(values)
+    out = drafter_probs.new_zeros(*drafter_probs.shape[:-1], target_size)
+    return out.scatter_add_(-1, index, values)
 
 
 def _canonical_ids(vocab: Vocabulary) -> dict[bytes, int]:
@@ -139,6 +156,37 @@ def _build(target: Vocabulary, drafter: Vocabulary) -> VocabularyIntersection:
     return VocabularyIntersection(d2t, t2d, len(target), len(drafter))
 
 
+def _build_prefix_map(target: Vocabulary, drafter: Vocabulary) -> torch.Tensor:
+    """SLRS's map f: drafter id -> the longest target token whose bytes are a prefix of the drafter token's.
+
+    Every drafter token with bytes has an image when the target spells every single byte (byte-level BPE,
+    or byte fallback); special tokens map by role/content or to ``-1`` (never drafted).
+    """
+    canonical = _canonical_ids(target)
+    longest = max((len(b) for b in canonical), default=0)
+    f = torch.full((len(drafter),), -1, dtype=torch.long)
+    for d_id, data in enumerate(drafter.token_bytes):
+        if not data or d_id in drafter.special_ids:
+            continue
+        for size in range(min(len(data), longest), 0, -1):
+            t_id = canonical.get(data[:size])
+            if t_id is not None:
+                f[d_id] = t_id
+                break
+    for d_id, t_id in _special_pairs(target, drafter):
+        if d_id < len(drafter) and t_id < len(target):
+            f[d_id] = t_id
+    return f
+
+
+def prefix_map_for(target: Vocabulary, drafter: Vocabulary, use_cache: bool = True) -> torch.Tensor:
+    """SLRS's longest-prefix map (``torch.LongTensor`` of shape ``(V_drafter,)``), disk-cached like the
+    intersection."""
+    build = lambda: {"drafter_to_target": _build_prefix_map(target, drafter)}  # noqa: E731
+    tensors = _cached(f"prefix-{_key(target, drafter)}", build) if use_cache else build()
+    return tensors["drafter_to_target"]
+
+
 def cache_dir() -> Path:
     """``$HF_HETSPEC_HOME/intersections`` (default ``~/.cache/hf_hetspec/intersections``)."""
     root = os.environ.get("HF_HETSPEC_HOME") or Path.home() / ".cache" / "hf_hetspec"
@@ -158,28 +206,36 @@ def _key(target: Vocabulary, drafter: Vocabulary) -> str:
     return h.hexdigest()[:32]
 
 
+def _cached(name: str, build) -> dict[str, torch.Tensor]:
+    """Tensors stored under ``cache_dir()/name.safetensors``, built by ``build()`` when absent or unreadable."""
+    path = cache_dir() / f"{name}.safetensors"
+    if path.is_file():
+        try:
+            return load_file(str(path))
+        except Exception as err:  # a corrupt cache file: rebuild it, and say so
+            warnings.warn(f"rebuilding {name}: cache file {path} is unreadable ({err})")
+    tensors = build()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the rebuild next time
+    return tensors
+
+
 def intersection_for(target: Vocabulary, drafter: Vocabulary, use_cache: bool = True) -> VocabularyIntersection:
     """The intersection of two byte tables, from the disk cache when present (see the module docstring)."""
     if not use_cache:
         return _build(target, drafter)
-    path = cache_dir() / f"{_key(target, drafter)}.safetensors"
-    if path.is_file():
-        try:
-            t = load_file(str(path))
-            return VocabularyIntersection(t["drafter_to_target"], t["target_to_drafter"], len(target), len(drafter))
-        except Exception as err:  # a corrupt cache file: rebuild it, and say so
-            import warnings
 
-            warnings.warn(f"rebuilding the vocabulary intersection: cache file {path} is unreadable ({err})")
-    result = _build(target, drafter)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({"drafter_to_target": result.drafter_to_target, "target_to_drafter": result.target_to_drafter}, str(tmp))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs the rebuild next time
-    return result
+    def build():
+        result = _build(target, drafter)
+        return {"drafter_to_target": result.drafter_to_target, "target_to_drafter": result.target_to_drafter}
+
+    t = _cached(_key(target, drafter), build)
+    return VocabularyIntersection(t["drafter_to_target"], t["target_to_drafter"], len(target), len(drafter))
 
 
 def vocabulary_intersection(target_tokenizer, drafter_tokenizer) -> VocabularyIntersection:

@@ -1,0 +1,130 @@
+"""SLRS: string-level rejection sampling (Timor et al. 2025, Algorithm 3), exact and practical.
+
+**What SLRS is.** The drafter proposes a *target* token through a string: drafter tokens are sampled until
+a lookahead indicator fires, their text is tokenized for the target, and the first target token ``t`` is
+the proposal. Its proposal probability ``psi(t)`` sums the drafter probability of every drafter outcome that
+leads to ``t``; verification is speculative sampling with ``psi`` in place of ``q``
+(:func:`~hf_hetspec.verify.verify_speculative_sampling`).
+
+**The general indicator is exponential.** With an indicator that fires after several drafter tokens,
+``psi(t)`` sums over every drafter token sequence whose string starts with ``t`` -- the paper's Lemma 3.1:
+the number of such tokenizations grows exponentially with the length of ``t`` in bytes, each term needing
+its own drafter forward. (Residual sampling can avoid the full ``psi`` by rejection from ``p``, which needs
+``psi`` only at sampled tokens, but each of those values still costs the exponential sum.)
+
+**The production indicator fires after one drafter token.** Then ``psi`` is the push-forward of the
+drafter's next-token distribution ``q`` through a fixed map ``f``: drafter token ``d`` -> the *longest target
+token whose bytes are a prefix of d's bytes* (:func:`~hf_hetspec.intersection.prefix_map_for`). Longest,
+because it carries the most text per proposal and equals ``d`` itself whenever ``d`` is a shared token, so
+SLRS proposes every token TLI would, while drafter mass outside the intersection still proposes a target
+token (the prefix) instead of being thrown away. ``psi = scatter_add(q, f)`` over the whole target vocabulary
+is one tensor operation, so the residual ``norm(max(0, p - psi))`` is exact and cheap.
+
+**Why this is lossless.** Fix the accepted prefix and the drafter's context (a deterministic function of
+the prefix and earlier randomness, fixed before the draw). The drafter samples ``d ~ q`` and proposes
+``t = f(d)``; hence ``P(t) = sum_{d: f(d)=t} q(d) = psi(t)`` exactly, for every ``t`` in the support.
+Speculative sampling with a proposal drawn from ``psi`` and the same ``psi`` in the acceptance test
+returns a sample from ``p`` (Leviathan et al. 2023, Thm. 1); chained positions are lossless by induction,
+because the drafter then continues from exactly the text of the proposed target tokens (when ``t`` is a
+proper prefix of ``d``, ``d`` is dropped and the text of ``t`` is re-tokenized for the drafter, so the next
+``q`` conditions on the proposed prefix, never on the unproposed rest of ``d``).
+
+Drafter tokens that map to no target token (possible only for special tokens without a target
+counterpart, e.g. Gemma's ``<unusedN>``) are excluded from sampling: they get probability 0 in ``q``,
+and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the proposals.
+
+Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList
+
+from .intersection import push_forward
+from .proposer import HeterogeneousProposer
+
+
+class SLRSCandidateGenerator(HeterogeneousProposer):
+    """Drafts target tokens by string-level rejection sampling with the one-token indicator.
+
+    Args:
+        prefix_map (``torch.LongTensor`` of shape ``(V_drafter,)``): ``f``, target id per drafter id or
+            ``-1`` (see the module docstring).
+        target_size: ``V_target`` (rows of the target's LM head).
+        sampling, drafter_processors, generator, target_eos_ids: as
+            :class:`~hf_hetspec.tli.TLICandidateGenerator`.
+        other arguments: as :class:`~hf_hetspec.proposer.HeterogeneousProposer`.
+    """
+
+    def __init__(
+        self,
+        target_vocab,
+        drafter,
+        drafter_vocab,
+        input_ids,
+        *,
+        prefix_map: torch.Tensor,
+        target_size: int,
+        sampling: bool,
+        drafter_processors: LogitsProcessorList | None = None,
+        generator: torch.Generator | None = None,
+        target_eos_ids: list[int] | None = None,
+        **kwargs,
+    ):
+        super().__init__(target_vocab, drafter, drafter_vocab, input_ids, **kwargs)
+        device = self.drafter.device
+        f = prefix_map[: self.drafter.n_tokens]
+        self.f = f.to(device)
+        self.f_list = f.tolist()
+        self.mask = torch.where(f >= 0, 0.0, float("-inf")).to(device)  # [V_drafter tokens]
+        self.target_size = target_size
+        self.sampling = sampling
+        self.processors = drafter_processors or LogitsProcessorList()
+        self.generator = generator
+        self.target_eos = set(target_eos_ids or [])
+        # the drafter token spelling exactly a target token, to continue without re-tokenizing
+        exact = {}
+        for d_id, t_id in enumerate(self.f_list):
+            if t_id >= 0 and drafter_vocab.token_bytes[d_id] == target_vocab.token_bytes[t_id]:
+                exact.setdefault(t_id, d_id)
+        self.exact_drafter_id = exact
+
+    def _psi(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, psi)``: the drafter distribution drafts are drawn from (``(1, V_drafter)``) and its
+        push-forward through ``f`` (``(1, V_target)``)."""
+        scores = logits.float() + self.mask
+        if self.sampling and len(self.processors):
+            scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
+        q = scores.softmax(dim=-1)
+        return q, push_forward(q, self.f, self.target_size)
+
+    def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
+        targets: list[int] = []
+        psis: list[torch.Tensor] = []
+        tb_target, tb_drafter = self.target_vocab.token_bytes, self.drafter_vocab.token_bytes
+        for _ in range(min(self.lookahead, budget)):
+            with self.stats.timer("drafter_s"):
+                q, psi = self._psi(self.drafter.next_logits())
+                if self.sampling:
+                    d = int(torch.multinomial(q[0], 1, generator=self.generator))
+                    t = self.f_list[d]
+                    psis.append(psi)
+                else:
+                    t = int(psi[0].argmax())
+                    d = self.exact_drafter_id.get(t)
+            targets.append(t)
+            if t in self.target_eos:
+                break
+            with self.stats.timer("translation_s"):
+                if d is not None and tb_drafter[d] == tb_target[t]:
+                    self.drafter.ids.append(d)
+                    continue
+                try:
+                    text = tb_target[t].decode("utf-8")
+                except UnicodeDecodeError:
+                    break  # t ends inside a character: the drafter cannot continue from its text
+                self.drafter.append_text(text)
+        if not self.sampling or not targets:
+            return targets, None
+        return targets, torch.cat(psis, dim=0).log()[None]  # [1, k, V_target]
