@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from .drafter import model_device, rollback_cache
@@ -63,16 +64,16 @@ def speculative_generate(
         stats: filled in place.
         streamer: receives only accepted tokens, one block per target forward.
         generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
-        past_key_values: the target's (empty) KV cache prepared by ``generate()``.
+        past_key_values: the target's (empty) KV cache prepared by ``generate()``; a ``DynamicCache`` is
+            made when ``generate()`` did not prepare one.
 
     Returns:
         ``torch.LongTensor`` of shape ``(1, n + new_tokens)``, or ``GenerateDecoderOnlyOutput`` when
         ``return_dict_in_generate``.
     """
     start = time.perf_counter()
-    cache = past_key_values
-    if cache is None:
-        raise RuntimeError("hf_hetspec needs the target's KV cache (generate() with use_cache=True)")
+    # transformers <= 5.23 prepares the cache before calling a custom_generate method, 5.24 does not
+    cache = past_key_values if past_key_values is not None else DynamicCache(config=target.config)
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
     device = model_device(target)
