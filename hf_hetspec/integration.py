@@ -34,7 +34,7 @@ from transformers import (
 )
 from transformers.generation.utils import GenerationMixin
 
-from .alignment import Vocabulary, same_vocabulary
+from .alignment import Vocabulary
 from .decoding import speculative_generate
 from .drafter import model_device
 from .intersection import intersection_for, prefix_map_for
@@ -354,9 +354,12 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
     lookahead = explicit if explicit is not None else DEFAULT_LOOKAHEAD
     adaptive = schedule in ("heuristic", "heuristic_transient") or (explicit is None and schedule is None)
 
-    identical = same_vocabulary(target_tokenizer, drafter_tokenizer)
-    target_vocab = vocabulary(target_tokenizer).padded(_rows(target))
-    drafter_vocab = vocabulary(drafter_tokenizer).padded(_rows(drafter))
+    # identical when every id spells the same bytes and the same ids are special (never by vocab_size);
+    # the byte tables are cached per tokenizer, so this costs one list comparison per call
+    target_table, drafter_table = vocabulary(target_tokenizer), vocabulary(drafter_tokenizer)
+    identical = target_table.fingerprint == drafter_table.fingerprint
+    target_vocab = target_table.padded(_rows(target))
+    drafter_vocab = drafter_table.padded(_rows(drafter))
     resolved = algorithm
     if algorithm == "auto":
         # greedy: SLEM (exact match needs no intersection, accepts any tokenization);

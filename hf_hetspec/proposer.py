@@ -100,12 +100,14 @@ class HeterogeneousProposer(CandidateGenerator):
             return input_ids, None
         with self.stats.timer("translation_s"):
             self.drafter.sync(sanitize_utf8(text))
+        # token-level algorithms draft one target token per drafter token: never more than can be verified
+        self.draft_len = min(self.lookahead, budget)
         candidates, logits = self._propose(budget)
         if not candidates:
             return input_ids, None
         self._last_draft_len = len(candidates)
         self.stats.lookaheads.append(self.lookahead)
-        self.stats.drafter_forwards += self.lookahead
+        self.stats.drafter_forwards += self.draft_len
         extra = torch.tensor([candidates], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, extra], dim=1), logits
 

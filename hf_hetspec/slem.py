@@ -45,7 +45,9 @@ class SLEMCandidateGenerator(HeterogeneousProposer):
 
     def _propose(self, budget: int) -> tuple[list[int], None]:
         with self.stats.timer("drafter_s"):
-            drafted = self.drafter.draft(self.lookahead, greedy_select)
+            # not capped by the budget: a target token can take several drafter tokens to spell
+            self.draft_len = self.lookahead
+            drafted = self.drafter.draft(self.draft_len, greedy_select)
         with self.stats.timer("translation_s"):
             return self._to_target(drafted)[:budget], None
 

@@ -103,7 +103,7 @@ class SLRSCandidateGenerator(HeterogeneousProposer):
         targets: list[int] = []
         psis: list[torch.Tensor] = []
         tb_target, tb_drafter = self.target_vocab.token_bytes, self.drafter_vocab.token_bytes
-        for _ in range(min(self.lookahead, budget)):
+        for _ in range(self.draft_len):
             with self.stats.timer("drafter_s"):
                 q, psi = self._psi(self.drafter.next_logits())
                 if self.sampling:

@@ -74,7 +74,7 @@ class TLICandidateGenerator(HeterogeneousProposer):
     def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
         self._probs = []
         with self.stats.timer("drafter_s"):
-            drafted = self.drafter.draft(self.lookahead, self._select)
+            drafted = self.drafter.draft(self.draft_len, self._select)
         with self.stats.timer("translation_s"):
             targets = [self.d2t[d] for d in drafted]
             k = min(budget, len(targets))
