@@ -75,7 +75,7 @@ def test_greedy_identical_to_target_alone_on_toy_pairs(request, pair_name, algor
 REAL = ["qwen2.5-coder", "smollm2", "gemma3"]
 
 
-@pytest.mark.parametrize("algorithm", ["slem", "tli"])
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
 @pytest.mark.parametrize("names", list(itertools.permutations(REAL, 2)), ids="-".join)
 def test_greedy_identical_on_real_vocabularies(real_pair, names, algorithm):
     pair = real_pair(*names)
