@@ -5,6 +5,7 @@
     hf-hetspec models [--fetch [NAME ...]] [--json]
     hf-hetspec generate --target T --drafter D [--algorithm A] [--compare] [--json] PROMPT
     hf-hetspec demo [--quick] [--max-new-tokens N] [--dtype D] [--prompts N] [--json PATH]
+    hf-hetspec verify --target T --drafter D --algorithm A [--temperature T --top-k K] PROMPT
 
 ``generate --compare`` and ``demo`` run three methods on the same prompt(s):
 
@@ -869,7 +870,49 @@ def build_parser() -> argparse.ArgumentParser:
                       help="number of prompts, HumanEval and text interleaved (default 8, --quick: 3)")
     demo.add_argument("--json", default=None, metavar="PATH", help="write the per-prompt records to PATH")
     demo.set_defaults(func=cmd_demo)
+
+    ver = sub.add_parser("verify", help="exact losslessness test of an algorithm's sampling on one prompt")
+    _add_model_options(ver, required=True)
+    ver.add_argument("--dtype", choices=DTYPES, default="float32", help="default float32")
+    ver.add_argument("--temperature", type=float, default=1.0)
+    ver.add_argument("--top-k", type=int, default=5, help="limits the support to enumerate (default 5, <= 8)")
+    ver.add_argument("--top-p", type=float, default=None)
+    ver.add_argument("--num-tokens", type=int, default=2, help="outcome length in tokens (default 2)")
+    ver.add_argument("--samples", type=int, default=1000, metavar="N", help="default 1000")
+    ver.add_argument("--seed", type=int, default=0)
+    ver.add_argument("--no-chat-template", action="store_true", help="use PROMPT as raw text")
+    ver.add_argument("prompt", metavar="PROMPT")
+    ver.set_defaults(func=cmd_verify)
     return parser
+
+
+def cmd_verify(args) -> int:
+    """``hf-hetspec verify``: :func:`hf_hetspec.testing.verify_lossless` on real models; exit 1 when rejected."""
+    from .testing import verify_lossless
+
+    _check_algorithm(args.algorithm)
+    if not 1 <= args.top_k <= 8:
+        raise CLIError(f"--top-k {args.top_k}: the exact distribution is enumerated, use 1..8")
+    if args.samples < 50 or args.num_tokens < 1:
+        raise CLIError("--samples must be >= 50 and --num-tokens >= 1")
+    _set_threads(args.threads)
+    device = args.device or default_device()
+    target, target_tok = load_model("--target", args.target, args.dtype, device)
+    drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
+    ids = prompt_ids(target_tok, args.prompt, chat_template=not args.no_chat_template).to(device)
+    settings = {"temperature": args.temperature, "top_k": args.top_k}
+    if args.top_p is not None:
+        settings["top_p"] = args.top_p
+    integration.enable(target)
+    try:
+        report = verify_lossless(target, drafter, target_tok, drafter_tok, ids, args.algorithm,
+                                 n=args.samples, seed=args.seed, num_tokens=args.num_tokens, **settings)
+    except (NotImplementedError, ValueError) as err:
+        raise CLIError(f"verify: {err}") from err
+    finally:
+        integration.disable(target)
+    print(f"{args.algorithm} with {args.target} + {args.drafter}: {report}")
+    return 0 if report.passed else 1
 
 
 def main(argv: list[str] | None = None) -> int:

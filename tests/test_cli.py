@@ -262,3 +262,13 @@ def test_main_restores_transformers_logging(pair, capsys):
     assert cli.main(["generate", "--target", "no-such-model", "--drafter", "x", PROMPT]) == 2
     capsys.readouterr()
     assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
+
+
+def test_verify_reports_a_passing_exact_test_and_refuses_unbounded_support(pair, capsys):
+    target, drafter = pair
+    base = ["verify", "--target", target, "--drafter", drafter, "--algorithm", "tli", "--no-chat-template"]
+    code, out, _ = run(capsys, *base, "--temperature", "2.0", "--top-k", "3", "--samples", "300", "The")
+    assert code == 0, out
+    assert "PASS" in out and "tli" in out
+    code, _, err = run(capsys, *base, "--top-k", "50", "The")
+    assert code == 2 and "--top-k" in err
