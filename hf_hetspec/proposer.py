@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from transformers.generation import CandidateGenerator
 
+from transformers import LogitsProcessorList
+
 from .alignment import Vocabulary, complete_utf8_prefix, sanitize_utf8
 from .drafter import DrafterContext
 from .stats import DecodingStats
@@ -123,3 +125,54 @@ class HeterogeneousProposer(CandidateGenerator):
             self.lookahead = min(self.lookahead + 2, self.max_lookahead)
         else:
             self.lookahead = max(1, self.lookahead - 1)
+
+
+class TokenLevelProposer(HeterogeneousProposer):
+    """Base of TLI and SLRS: each drafter token proposes one target token through a fixed map.
+
+    Args:
+        drafter_to_target (``torch.LongTensor`` of shape ``(V_drafter,)``): the map; drafter ids mapped to
+            ``-1`` are never drafted (their logits are masked before sampling).
+        target_size: ``V_target`` (rows of the target's LM head).
+        sampling: draw drafts from ``q`` (``do_sample=True``), else take the argmax.
+        drafter_processors: vocabulary-independent warpers for the drafter's logits (temperature, top-k,
+            top-p of the call); the target's id-indexed processors never touch the drafter.
+        generator: randomness for drafting, on the drafter's device (``None`` = global RNG).
+        target_eos_ids: a draft ends after the first of these.
+        other arguments: as :class:`HeterogeneousProposer`.
+    """
+
+    def __init__(
+        self,
+        target_vocab,
+        drafter,
+        drafter_vocab,
+        input_ids,
+        *,
+        drafter_to_target: torch.Tensor,
+        target_size: int,
+        sampling: bool,
+        drafter_processors: LogitsProcessorList | None = None,
+        generator: torch.Generator | None = None,
+        target_eos_ids: list[int] | None = None,
+        **kwargs,
+    ):
+        super().__init__(target_vocab, drafter, drafter_vocab, input_ids, **kwargs)
+        device = self.drafter.device
+        mapped = drafter_to_target[: self.drafter.n_tokens]
+        self.map = mapped.to(device)
+        self.map_list = mapped.tolist()
+        self.mask = torch.where(mapped >= 0, 0.0, float("-inf")).to(device)  # [V_drafter tokens]
+        self.target_size = target_size
+        self.sampling = sampling
+        self.processors = drafter_processors or LogitsProcessorList()
+        self.generator = generator
+        self.target_eos = set(target_eos_ids or [])
+
+    def drafter_distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """``q``: the distribution drafts are drawn from (``(1, V_drafter)``), from the drafter's logits:
+        unmapped ids masked, then (when sampling) the call's warpers, then softmax."""
+        scores = logits.float() + self.mask
+        if self.sampling and len(self.processors):
+            scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
+        return scores.softmax(dim=-1)

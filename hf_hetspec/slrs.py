@@ -39,53 +39,25 @@ Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to t
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessorList
 
 from .intersection import push_forward
-from .proposer import HeterogeneousProposer
+from .proposer import TokenLevelProposer
 
 
-class SLRSCandidateGenerator(HeterogeneousProposer):
+class SLRSCandidateGenerator(TokenLevelProposer):
     """Drafts target tokens by string-level rejection sampling with the one-token indicator.
 
     Args:
         prefix_map (``torch.LongTensor`` of shape ``(V_drafter,)``): ``f``, target id per drafter id or
             ``-1`` (see the module docstring).
-        target_size: ``V_target`` (rows of the target's LM head).
-        sampling, drafter_processors, generator, target_eos_ids: as
-            :class:`~hf_hetspec.tli.TLICandidateGenerator`.
-        other arguments: as :class:`~hf_hetspec.proposer.HeterogeneousProposer`.
+        other arguments: as :class:`~hf_hetspec.proposer.TokenLevelProposer`.
     """
 
-    def __init__(
-        self,
-        target_vocab,
-        drafter,
-        drafter_vocab,
-        input_ids,
-        *,
-        prefix_map: torch.Tensor,
-        target_size: int,
-        sampling: bool,
-        drafter_processors: LogitsProcessorList | None = None,
-        generator: torch.Generator | None = None,
-        target_eos_ids: list[int] | None = None,
-        **kwargs,
-    ):
-        super().__init__(target_vocab, drafter, drafter_vocab, input_ids, **kwargs)
-        device = self.drafter.device
-        f = prefix_map[: self.drafter.n_tokens]
-        self.f = f.to(device)
-        self.f_list = f.tolist()
-        self.mask = torch.where(f >= 0, 0.0, float("-inf")).to(device)  # [V_drafter tokens]
-        self.target_size = target_size
-        self.sampling = sampling
-        self.processors = drafter_processors or LogitsProcessorList()
-        self.generator = generator
-        self.target_eos = set(target_eos_ids or [])
+    def __init__(self, target_vocab, drafter, drafter_vocab, input_ids, *, prefix_map: torch.Tensor, **kwargs):
+        super().__init__(target_vocab, drafter, drafter_vocab, input_ids, drafter_to_target=prefix_map, **kwargs)
         # the drafter token spelling exactly a target token, to continue without re-tokenizing
         exact = {}
-        for d_id, t_id in enumerate(self.f_list):
+        for d_id, t_id in enumerate(self.map_list):
             if t_id >= 0 and drafter_vocab.token_bytes[d_id] == target_vocab.token_bytes[t_id]:
                 exact.setdefault(t_id, d_id)
         self.exact_drafter_id = exact
@@ -93,11 +65,8 @@ class SLRSCandidateGenerator(HeterogeneousProposer):
     def _psi(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q, psi)``: the drafter distribution drafts are drawn from (``(1, V_drafter)``) and its
         push-forward through ``f`` (``(1, V_target)``)."""
-        scores = logits.float() + self.mask
-        if self.sampling and len(self.processors):
-            scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
-        q = scores.softmax(dim=-1)
-        return q, push_forward(q, self.f, self.target_size)
+        q = self.drafter_distribution(logits)
+        return q, push_forward(q, self.map, self.target_size)
 
     def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
         targets: list[int] = []
@@ -108,7 +77,7 @@ class SLRSCandidateGenerator(HeterogeneousProposer):
                 q, psi = self._psi(self.drafter.next_logits())
                 if self.sampling:
                     d = int(torch.multinomial(q[0], 1, generator=self.generator))
-                    t = self.f_list[d]
+                    t = self.map_list[d]
                     psis.append(psi)
                 else:
                     t = int(psi[0].argmax())

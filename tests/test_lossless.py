@@ -223,7 +223,7 @@ def _correction_from_p(draft_ids, draft_probs, target_probs, generator=None):
     return torch.cat([draft_ids[:n], last]), n
 
 
-def _rejected(report):
+def _assert_rejected(report):
     print(report)
     assert not report.passed and report.p_value < REJECT, str(report)
 
@@ -231,7 +231,7 @@ def _rejected(report):
 def test_rejects_exact_match_that_accepts_every_draft(toy_pair, monkeypatch):
     monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "slem", n=200, **T1)
-    _rejected(report)
+    _assert_rejected(report)
 
 
 def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, monkeypatch):
@@ -242,7 +242,7 @@ def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, mon
         report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500, **T1)
     except NotImplementedError as err:
         pytest.skip(f"tli: {err}")
-    _rejected(report)
+    _assert_rejected(report)
 
 
 def test_rejects_verification_that_skips_the_temperature(toy_pair, monkeypatch):
@@ -255,7 +255,7 @@ def test_rejects_verification_that_skips_the_temperature(toy_pair, monkeypatch):
 
     monkeypatch.setattr(hf_hetspec.decoding, "_process", without_temperature)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "slem", n=300, temperature=0.5, top_k=5)
-    _rejected(report)
+    _assert_rejected(report)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -279,6 +279,6 @@ def test_rejects_transformers_universal_assisted_sampling_qwen_target_gemma_draf
     expected = exact_target_distribution(pair.target, ids, 2, **T1)
     sampler = transformers_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
                                    ids, 2, **T1)
-    _rejected(check_lossless(expected, sample_outcomes(sampler, 200, seed=0), ALPHA))
+    _assert_rejected(check_lossless(expected, sample_outcomes(sampler, 200, seed=0), ALPHA))
     assert sampler.drafter is not pair.drafter  # the fixture's drafter is never pruned
     assert pair.drafter.get_output_embeddings().weight.shape[0] == pair.drafter.config.vocab_size
