@@ -101,16 +101,16 @@ def main(argv=None) -> int:
                 t = totals[m]
                 t["tokens"] += run.new_tokens
                 t["seconds"] += run.seconds
-                t["drafted"] += run.drafted
-                t["accepted"] += run.accepted
+                t["drafted"] += run.drafted_tokens
+                t["accepted"] += run.accepted_tokens
                 t["forwards"] += run.target_forwards
                 if verdict:
                     t["verdicts"][verdict] = t["verdicts"].get(verdict, 0) + 1
                 records.append({"prompt": pid, "seed": seed, "method": m, "tokens": run.new_tokens,
-                                "seconds": run.seconds, "drafted": run.drafted, "accepted": run.accepted,
+                                "seconds": run.seconds, "drafted": run.drafted_tokens, "accepted": run.accepted_tokens,
                                 "target_forwards": run.target_forwards, "verdict": verdict})
                 print(f"{pid} seed={seed} {m}: {run.new_tokens / run.seconds:.2f} tok/s "
-                      f"acc={run.accepted}/{run.drafted} fwd={run.target_forwards} {verdict or ''}",
+                      f"acc={run.accepted_tokens}/{run.drafted_tokens} fwd={run.target_forwards} {verdict or ''}",
                       file=sys.stderr, flush=True)
     base_rate = totals["target"]["tokens"] / totals["target"]["seconds"]
     print(f"\n{args.target} + {args.drafter}, {args.dtype}, {'sampling T=%g' % args.temperature if args.do_sample else 'greedy'}, "
