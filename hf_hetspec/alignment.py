@@ -17,6 +17,7 @@ the whole text).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -112,6 +113,18 @@ class Vocabulary:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without BOS/EOS (special-token strings in the text are parsed as tokens)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the id -> bytes table, the special ids and the EOS/BOS/PAD ids (disk-cache keys)."""
+        h = hashlib.sha256(len(self.token_bytes).to_bytes(8, "little"))
+        for data in self.token_bytes:
+            h.update(len(data).to_bytes(2, "little"))
+            h.update(data)
+        h.update(repr(sorted(self.special_ids)).encode())
+        for role in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            h.update(repr(getattr(self.tokenizer, role, None)).encode())
+        return h.hexdigest()
 
     @cached_property
     def fingerprint(self) -> tuple:

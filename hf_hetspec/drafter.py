@@ -118,15 +118,11 @@ class DrafterContext:
         Returns:
             the drafted token ids (list of ``n_tokens`` ints); they are also appended to ``ids``.
         """
-        cached = self.cache.get_seq_length()
-        feed = torch.tensor([self.ids[cached:]], device=self.device)
+        feed = self._uncached_tail()
         chosen = []
         for _ in range(n_tokens):
-            kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
-            out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
-            feed = select(out.logits[:, -1, : self.n_tokens])
+            feed = select(self._forward(feed))
             chosen.append(feed)
-        self.forwards += n_tokens
         drafted = torch.cat(chosen, dim=1)[0].tolist()  # one host sync per draft
         self.ids.extend(drafted)
         return drafted
@@ -134,8 +130,14 @@ class DrafterContext:
     @torch.no_grad()
     def next_logits(self) -> torch.Tensor:
         """One drafter forward over the uncached tail: next-token logits (``(1, V_drafter)``, padded rows cut)."""
-        cached = self.cache.get_seq_length()
-        feed = torch.tensor([self.ids[cached:]], device=self.device)
+        return self._forward(self._uncached_tail())
+
+    def _uncached_tail(self) -> torch.Tensor:
+        """The tokens not yet in the KV cache, ``(1, m)`` on the drafter's device (``m >= 1``)."""
+        return torch.tensor([self.ids[self.cache.get_seq_length() :]], device=self.device)
+
+    def _forward(self, feed: torch.Tensor) -> torch.Tensor:
+        """Feed ``feed`` (``(1, m)``) through the drafter with its cache; next-token logits, padded rows cut."""
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
         self.forwards += 1

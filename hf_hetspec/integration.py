@@ -68,6 +68,18 @@ def vocabulary(tokenizer) -> Vocabulary:
         return vocab
 
 
+_PADDED: dict[tuple[int, int], Vocabulary] = {}
+
+
+def _padded(table: Vocabulary, rows: int) -> Vocabulary:
+    """``table.padded(rows)``, the same object for every call (its digest is computed once)."""
+    key = (id(table), rows)
+    cached = _PADDED.get(key)
+    if cached is None or cached.tokenizer is not table.tokenizer:
+        cached = _PADDED[key] = table.padded(rows)
+    return cached
+
+
 def enable(model: PreTrainedModel) -> PreTrainedModel:
     """Install hf_hetspec on ``model`` (idempotent). Returns ``model``.
 
@@ -358,8 +370,8 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
     # the byte tables are cached per tokenizer, so this costs one list comparison per call
     target_table, drafter_table = vocabulary(target_tokenizer), vocabulary(drafter_tokenizer)
     identical = target_table.fingerprint == drafter_table.fingerprint
-    target_vocab = target_table.padded(_rows(target))
-    drafter_vocab = drafter_table.padded(_rows(drafter))
+    target_vocab = _padded(target_table, _rows(target))
+    drafter_vocab = _padded(drafter_table, _rows(drafter))
     resolved = algorithm
     if algorithm == "auto":
         # greedy: SLEM (exact match needs no intersection, accepts any tokenization);

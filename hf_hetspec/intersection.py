@@ -120,7 +120,7 @@ def _canonical_ids(vocab: Vocabulary) -> dict[bytes, int]:
     return best
 
 
-def _special_pairs(target: Vocabulary, drafter: Vocabulary) -> list[tuple[int, int]]:
+def special_token_pairs(target: Vocabulary, drafter: Vocabulary) -> list[tuple[int, int]]:
     """(drafter id, target id) for special tokens: same role (EOS/BOS/PAD) or same content."""
     pairs = {}
     t_tok, d_tok = target.tokenizer, drafter.tokenizer
@@ -146,7 +146,7 @@ def _build(target: Vocabulary, drafter: Vocabulary) -> VocabularyIntersection:
         t_id = canonical.get(data)
         if t_id is not None:
             d2t[d_id] = t_id
-    for d_id, t_id in _special_pairs(target, drafter):
+    for d_id, t_id in special_token_pairs(target, drafter):
         if d_id < len(drafter) and t_id < len(target):
             d2t[d_id] = t_id
     shared = (d2t >= 0).nonzero().flatten()
@@ -173,7 +173,7 @@ def _build_prefix_map(target: Vocabulary, drafter: Vocabulary) -> torch.Tensor:
             if t_id is not None:
                 f[d_id] = t_id
                 break
-    for d_id, t_id in _special_pairs(target, drafter):
+    for d_id, t_id in special_token_pairs(target, drafter):
         if d_id < len(drafter) and t_id < len(target):
             f[d_id] = t_id
     return f
@@ -194,20 +194,22 @@ def cache_dir() -> Path:
 
 
 def _key(target: Vocabulary, drafter: Vocabulary) -> str:
-    h = hashlib.sha256(f"v{FORMAT_VERSION}".encode())
-    for vocab in (target, drafter):
-        h.update(len(vocab).to_bytes(8, "little"))
-        for data in vocab.token_bytes:
-            h.update(len(data).to_bytes(2, "little"))
-            h.update(data)
-        h.update(repr(sorted(vocab.special_ids)).encode())
-        for role in ("eos_token_id", "bos_token_id", "pad_token_id"):
-            h.update(repr(getattr(vocab.tokenizer, role, None)).encode())
-    return h.hexdigest()[:32]
+    return hashlib.sha256(f"v{FORMAT_VERSION}:{target.digest}:{drafter.digest}".encode()).hexdigest()[:32]
+
+
+_MEMORY: dict[str, dict[str, torch.Tensor]] = {}
 
 
 def _cached(name: str, build) -> dict[str, torch.Tensor]:
-    """Tensors stored under ``cache_dir()/name.safetensors``, built by ``build()`` when absent or unreadable."""
+    """Tensors stored under ``cache_dir()/name.safetensors``, built by ``build()`` when absent or unreadable;
+    kept in memory after the first use in a process, so a ``generate()`` call does not reread the file."""
+    if name in _MEMORY:
+        return _MEMORY[name]
+    _MEMORY[name] = tensors = _read_or_build(name, build)
+    return tensors
+
+
+def _read_or_build(name: str, build) -> dict[str, torch.Tensor]:
     path = cache_dir() / f"{name}.safetensors"
     if path.is_file():
         try:

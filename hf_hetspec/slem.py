@@ -12,24 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from .alignment import TextWindowConverter, Vocabulary, valid_utf8_prefix
+from .alignment import TextWindowConverter, valid_utf8_prefix
+from .intersection import special_token_pairs
 from .proposer import HeterogeneousProposer
 
 
 def greedy_select(logits: torch.Tensor) -> torch.Tensor:
     """``argmax`` of ``logits`` (``(1, V)``) as a ``(1, 1)`` token tensor."""
     return logits.argmax(dim=-1, keepdim=True)
-
-
-def special_token_map(source: Vocabulary, dest: Vocabulary) -> dict[int, int]:
-    """Special tokens of ``source`` whose content is a special token of ``dest`` (e.g. ``<|im_end|>``),
-    plus ``source``'s EOS -> ``dest``'s EOS by role."""
-    by_content = {dest.token_bytes[i]: i for i in sorted(dest.special_ids)}
-    pairs = {i: by_content[source.token_bytes[i]] for i in source.special_ids if source.token_bytes[i] in by_content}
-    s_eos, d_eos = source.tokenizer.eos_token_id, dest.tokenizer.eos_token_id
-    if s_eos is not None and d_eos is not None:
-        pairs.setdefault(s_eos, d_eos)
-    return pairs
 
 
 class SLEMCandidateGenerator(HeterogeneousProposer):
@@ -41,7 +31,8 @@ class SLEMCandidateGenerator(HeterogeneousProposer):
     def __init__(self, target_vocab, drafter, drafter_vocab, input_ids, *, window: int = 4, **kwargs):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, window=window, **kwargs)
         self.converter = TextWindowConverter(target_vocab, window)
-        self.special_to_target = special_token_map(drafter_vocab, target_vocab)
+        # a special drafter token ends the draft; its target counterpart (by role or content) is proposed
+        self.special_to_target = dict(special_token_pairs(target_vocab, drafter_vocab))
 
     def _propose(self, budget: int) -> tuple[list[int], None]:
         with self.stats.timer("drafter_s"):
