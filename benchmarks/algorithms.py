@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from hf_hetspec import zoo
-from hf_hetspec.cli import Runner, prompt_ids
+from hf_hetspec.cli import prompt_ids
+from hf_hetspec.runner import Runner
 from hf_hetspec.prompts import CODE_TEMPLATE
 
 ALGORITHMS = ("slem", "tli", "slrs")

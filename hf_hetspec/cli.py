@@ -30,27 +30,21 @@ and exit with code 2; a failed download exits with code 1.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
-import platform
 import sys
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import integration
-from .checker import GreedyComparison, compare_greedy
-from .stats import DecodingStats
+from .runner import METHODS, MethodError, MethodRun, Runner, machine_info, method_label, summarize  # noqa: F401
 
 DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEMO_DRAFTER = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-METHODS = ("target", "transformers", "hf_hetspec")
 WARMUP_MESSAGE = "Write one short sentence about the sea."
 WARMUP_TOKENS = 4
 
@@ -132,300 +126,6 @@ def prompt_ids(tokenizer, prompt: str, chat_template: bool) -> torch.Tensor:
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def machine_info(device: str) -> dict:
-    """CPU (or GPU), thread count and library versions, for the demo's header and JSON."""
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": device,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    }
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
-
-
-# --------------------------------------------------------------------------------------------------------
-# The three methods
-# --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class MethodRun:
-    """One ``generate()`` call of one method on one prompt.
-
-    Attributes:
-        method: ``"target"``, ``"transformers"`` or ``"hf_hetspec"``.
-        output_ids (``torch.LongTensor`` of shape ``(1, n + new_tokens)``): prompt and generated ids.
-        prompt_tokens, new_tokens: token counts (target vocabulary).
-        seconds: wall-clock seconds of the ``generate()`` call.
-        target_forwards, drafted_tokens, accepted_tokens: see the module docstring.
-        comparison: greedy verdict against the target alone (``None`` for the target itself or sampling).
-        stats: hf_hetspec's statistics of the call (``None`` for the other methods).
-    """
-
-    method: str
-    output_ids: torch.Tensor
-    prompt_tokens: int
-    new_tokens: int
-    seconds: float
-    target_forwards: int
-    drafted_tokens: int
-    accepted_tokens: int
-    comparison: GreedyComparison | None = None
-    stats: DecodingStats | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def record(self, tokenizer, label: str) -> dict:
-        """JSON-serializable summary, with the generated text."""
-        cmp = self.comparison
-        return {
-            "method": self.method,
-            "label": label,
-            "text": tokenizer.decode(self.output_ids[0, self.prompt_tokens :], skip_special_tokens=True),
-            "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens,
-            "seconds": self.seconds,
-            "tokens_per_second": self.tokens_per_second,
-            "target_forwards": self.target_forwards,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
-            "tokens_per_forward": self.new_tokens / self.target_forwards if self.target_forwards else None,
-            "verdict": None if cmp is None else cmp.verdict,
-            "verdict_detail": None if cmp is None else str(cmp),
-            "stats": None if self.stats is None else self.stats.as_dict(),
-        }
-
-
-@contextmanager
-def count_target_forwards(target):
-    """Count the target's forward calls and the tokens fed to them while the block runs.
-
-    Yields:
-        dict with ``forwards`` and ``fed_tokens``, updated in place.
-    """
-    counts = {"forwards": 0, "fed_tokens": 0}
-
-    def hook(module, args, kwargs):
-        fed = kwargs.get("input_ids", args[0] if args else None)
-        if fed is None:
-            fed = kwargs["inputs_embeds"]
-        counts["forwards"] += 1
-        counts["fed_tokens"] += fed.shape[1]
-
-    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield counts
-    finally:
-        handle.remove()
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass
-class Runner:
-    """Runs the three methods with one target, drafter and decoding setup.
-
-    Args:
-        target, target_tokenizer, drafter, drafter_tokenizer: the models and their tokenizers.
-        algorithm: hf_hetspec's ``hetspec_algorithm``.
-        max_new_tokens: tokens to generate per call.
-        do_sample, temperature, top_p: the decoding; greedy when ``do_sample`` is false.
-        seed: reseeds torch (and hf_hetspec's generator) before every sampled call.
-        lookahead: ``num_assistant_tokens`` for both assisted methods (``None``: each method's default).
-        builtin_drafter, builtin_drafter_tokenizer: drafter (and tokenizer) of transformers' built-in path.
-            Greedy: the same objects (the drafter's generation config is restored after each call).
-            Sampling: a separately loaded copy, because transformers prunes the LM head of the first drafter
-            it sees with a tokenizer pair in place, and caches that translation per tokenizer object.
-    """
-
-    target: object
-    target_tokenizer: object
-    drafter: object
-    drafter_tokenizer: object
-    algorithm: str = "auto"
-    max_new_tokens: int = 128
-    do_sample: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int = 0
-    lookahead: int | None = None
-    builtin_drafter: object = None
-    builtin_drafter_tokenizer: object = None
-    device: torch.device = field(init=False)
-
-    def __post_init__(self):
-        if self.builtin_drafter is None:
-            self.builtin_drafter = self.drafter
-        if self.builtin_drafter_tokenizer is None:
-            self.builtin_drafter_tokenizer = self.drafter_tokenizer
-        self.device = self.target.get_input_embeddings().weight.device
-
-    def _decoding(self, max_new_tokens: int | None) -> dict:
-        kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": self.do_sample}
-        if self.do_sample:
-            if self.temperature is not None:
-                kwargs["temperature"] = self.temperature
-            if self.top_p is not None:
-                kwargs["top_p"] = self.top_p
-        return kwargs
-
-    def _assisted(self, max_new_tokens: int | None) -> dict:
-        kwargs = self._decoding(max_new_tokens)
-        if self.lookahead is not None:
-            kwargs["num_assistant_tokens"] = self.lookahead
-        return kwargs
-
-    def _timed(self, call):
-        if self.do_sample:
-            torch.manual_seed(self.seed)
-        _synchronize(self.device)
-        start = time.perf_counter()
-        out = call()
-        _synchronize(self.device)
-        seconds = time.perf_counter() - start
-        return out, seconds
-
-    def target_alone(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
-        ids = ids.to(self.device)
-        mask = torch.ones_like(ids)
-        with count_target_forwards(self.target) as counts:
-            out, seconds = self._timed(
-                lambda: self.target.generate(ids, attention_mask=mask, **self._decoding(max_new_tokens))
-            )
-        n = ids.shape[1]
-        return MethodRun("target", out, n, out.shape[1] - n, seconds, counts["forwards"], 0, 0)
-
-    def transformers_assisted(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
-        ids = ids.to(self.device)
-        mask = torch.ones_like(ids)
-        integration.disable(self.target)
-        drafter = self.builtin_drafter
-        saved = copy.deepcopy(drafter.generation_config), copy.deepcopy(self.target.generation_config)
-        try:
-            with count_target_forwards(self.target) as counts:
-                out, seconds = self._timed(
-                    lambda: self.target.generate(
-                        ids,
-                        attention_mask=mask,
-                        assistant_model=drafter,
-                        tokenizer=self.target_tokenizer,
-                        assistant_tokenizer=self.builtin_drafter_tokenizer,
-                        **self._assisted(max_new_tokens),
-                    ),
-                )
-        finally:
-            drafter.generation_config, self.target.generation_config = saved
-        n = ids.shape[1]
-        new = out.shape[1] - n
-        forwards = counts["forwards"]
-        drafted = counts["fed_tokens"] - n - max(forwards - 1, 0)
-        return MethodRun("transformers", out, n, new, seconds, forwards, drafted, max(new - forwards, 0))
-
-    def hetspec(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
-        ids = ids.to(self.device)
-        mask = torch.ones_like(ids)
-        generator = None
-        if self.do_sample:
-            generator = torch.Generator(self.device).manual_seed(self.seed)
-        integration.enable(self.target)
-        try:
-            out, seconds = self._timed(
-                lambda: self.target.generate(
-                    ids,
-                    attention_mask=mask,
-                    assistant_model=self.drafter,
-                    tokenizer=self.target_tokenizer,
-                    assistant_tokenizer=self.drafter_tokenizer,
-                    hetspec_algorithm=self.algorithm,
-                    hetspec_generator=generator,
-                    **self._assisted(max_new_tokens),
-                ),
-            )
-        except (NotImplementedError, ValueError) as err:
-            raise CLIError(f"hf_hetspec: {err}") from err
-        finally:
-            integration.disable(self.target)
-        stats = integration.last_stats(self.target)
-        n = ids.shape[1]
-        return MethodRun(
-            "hf_hetspec", out, n, out.shape[1] - n, seconds, stats.target_forwards, stats.drafted_tokens,
-            stats.accepted_tokens, stats=stats,
-        )
-
-    def run(self, method: str, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
-        """Run ``method`` (one of :data:`METHODS`) on ``ids`` (shape ``(1, n)``)."""
-        runners = {"target": self.target_alone, "transformers": self.transformers_assisted,
-                   "hf_hetspec": self.hetspec}
-        return runners[method](ids, max_new_tokens)
-
-    def compare(self, reference: MethodRun, run: MethodRun) -> None:
-        """Set ``run.comparison`` (greedy only): its output against the target alone's."""
-        if not self.do_sample:
-            prompt = reference.output_ids[:, : reference.prompt_tokens]
-            run.comparison = compare_greedy(self.target, prompt, reference.output_ids, run.output_ids)
-
-
-def method_label(method: str, algorithm: str) -> str:
-    """Display name of a method; ``algorithm`` names hf_hetspec's."""
-    labels = {"target": "target alone", "transformers": "transformers UAG"}
-    return labels.get(method, f"hf_hetspec {algorithm}".strip())
-
-
-# --------------------------------------------------------------------------------------------------------
-# Summaries
-# --------------------------------------------------------------------------------------------------------
-
-
-def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
-    """Per-method totals over a run: tokens/s (summed tokens / summed seconds), speedup vs the target alone,
-    acceptance rate, tokens per target forward and verdict counts."""
-    base = runs["target"]
-    base_speed = sum(r.new_tokens for r in base) / max(sum(r.seconds for r in base), 1e-9)
-    rows = []
-    for method, method_runs in runs.items():
-        tokens = sum(r.new_tokens for r in method_runs)
-        seconds = sum(r.seconds for r in method_runs)
-        forwards = sum(r.target_forwards for r in method_runs)
-        drafted = sum(r.drafted_tokens for r in method_runs)
-        accepted = sum(r.accepted_tokens for r in method_runs)
-        verdicts = [r.comparison.verdict for r in method_runs if r.comparison is not None]
-        speed = tokens / seconds if seconds > 0 else 0.0
-        rows.append(
-            {
-                "method": method,
-                "new_tokens": tokens,
-                "seconds": seconds,
-                "tokens_per_second": speed,
-                "speedup": speed / base_speed if base_speed > 0 else None,
-                "acceptance_rate": accepted / drafted if drafted else None,
-                "tokens_per_forward": tokens / forwards if forwards else None,
-                "identical": verdicts.count("identical") if verdicts else None,
-                "tie": verdicts.count("tie") if verdicts else None,
-                "different": verdicts.count("different") if verdicts else None,
-            }
-        )
-    return rows
 
 
 def _fmt(value, spec: str) -> str:
@@ -833,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lossless speculative decoding with a drafter of another vocabulary (SLEM/TLI/SLRS, "
         "Timor et al., ICML 2025) for Hugging Face transformers.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{models,generate,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{models,generate,demo,verify,bench,analyze,pairing}")
 
     models = sub.add_parser("models", help="list the model zoo; fetch models")
     models.add_argument("--fetch", nargs="*", metavar="NAME", default=None,
@@ -883,6 +583,13 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--no-chat-template", action="store_true", help="use PROMPT as raw text")
     ver.add_argument("prompt", metavar="PROMPT")
     ver.set_defaults(func=cmd_verify)
+
+    # commands with a module of their own; imported here because they use this module's helpers
+    from . import analyze, bench, pairing
+
+    bench.add_command(sub)
+    analyze.add_command(sub)
+    pairing.add_command(sub)
     return parser
 
 
@@ -924,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as err:
         print(f"hf-hetspec: error: {err}", file=sys.stderr)
         return err.code
+    except MethodError as err:
+        print(f"hf-hetspec: error: {err}", file=sys.stderr)
+        return 2
     except SystemExit as exit_:  # --help
         return exit_.code if isinstance(exit_.code, int) else 0
     except KeyboardInterrupt:

@@ -180,7 +180,7 @@ def test_library_refusals_become_cli_errors():
     drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
     runner = cli.Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=4)
     batch = target_tokenizer([PROMPT, PROMPT], return_tensors="pt").input_ids  # (2, n): one prompt per call
-    with pytest.raises(cli.CLIError, match="one sequence at a time"):
+    with pytest.raises(cli.MethodError, match="one sequence at a time"):
         runner.hetspec(batch)
     assert not integration.is_enabled(target)
 
