@@ -10,8 +10,15 @@ Usage::
                           assistant_tokenizer=drafter_tokenizer, hetspec_algorithm="slem",
                           max_new_tokens=128)
     print(hf_hetspec.last_stats(target).summary())
+
+Chat prompts with each model's own template (the drafter's prompt only changes its proposals)::
+
+    inputs = hf_hetspec.chat_inputs(messages, target_tokenizer, drafter_tokenizer)
+    out = target.generate(**inputs, assistant_model=drafter, tokenizer=target_tokenizer,
+                          assistant_tokenizer=drafter_tokenizer, max_new_tokens=128)
 """
 
+from .chat import chat_inputs
 from .integration import ALGORITHMS, IMPLEMENTED, disable, enable, is_enabled, last_stats
 from .intersection import VocabularyIntersection, vocabulary_intersection
 from .stats import DecodingStats
@@ -23,6 +30,7 @@ __all__ = [
     "IMPLEMENTED",
     "DecodingStats",
     "VocabularyIntersection",
+    "chat_inputs",
     "disable",
     "enable",
     "is_enabled",

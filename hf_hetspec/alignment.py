@@ -110,9 +110,29 @@ class Vocabulary:
         tb = self.token_bytes
         return b"".join(tb[i] for i in ids)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without BOS/EOS (special-token strings in the text are parsed as tokens)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def encode(self, text: str, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` as plain text, without BOS/EOS.
+
+        Args:
+            text: the text to encode.
+            parse_special: ``False`` (default): a special-token string in ``text`` (``"<|endoftext|>"``,
+                ``"<start_of_turn>"``) is ordinary text and encodes to ordinary tokens, as it must for text a
+                model generated token by token or a user typed (fault class 11 of the hardening issue: such
+                text turning into a control token on the other side). ``True``: such strings become the
+                special tokens (``tokenizer.encode``'s default).
+
+        The tokenizer's ``split_special_tokens`` switch on its ``tokenizers`` backend is restored afterwards,
+        so a caller of ``tokenizer.backend_tokenizer`` sees the tokenizer unchanged.
+        """
+        if parse_special:
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        before = getattr(backend, "encode_special_tokens", None)
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        finally:
+            if before is not None and backend.encode_special_tokens != before:
+                backend.encode_special_tokens = before
 
     @cached_property
     def digest(self) -> str:
@@ -131,6 +151,18 @@ class Vocabulary:
         """Hashable identity of the id -> bytes map plus the special ids (used to compare vocabularies)."""
         return (tuple(self.token_bytes), tuple(sorted(self.special_ids)))
 
+    @cached_property
+    def bos_prefix(self) -> tuple[int, ...]:
+        """The ids the tokenizer puts before any text when it adds special tokens (``(<bos>,)`` for Gemma,
+        ``()`` for Qwen2.5 and SmolLM2); suffixes such as an appended EOS are never part of it."""
+        tok = self.tokenizer
+        plain = tok.encode("a", add_special_tokens=False)
+        full = tok.encode("a", add_special_tokens=True)
+        for i in range(len(full) - len(plain) + 1):
+            if full[i : i + len(plain)] == plain:
+                return tuple(full[:i])
+        return ()
+
 
 def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     """True when two tokenizers map every id to the same token string (never judged by ``vocab_size``).
@@ -141,6 +173,69 @@ def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> b
     if a is b:
         return True
     return a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+
+
+def convert_prompt(source: Vocabulary, dest: Vocabulary, source_ids: list[int]) -> list[int]:
+    """A prompt given in ``source`` token ids, in ``dest`` token ids (the default drafter prompt).
+
+    * Runs of ordinary tokens become their text, encoded by ``dest`` as plain text
+      (:meth:`Vocabulary.encode`): a special-token *string* typed in the prompt stays characters.
+    * A special token becomes the ``dest`` special token with the same content where ``dest`` has one
+      (ChatML's ``<|im_start|>`` / ``<|im_end|>`` between Qwen2.5 and SmolLM2); else the source's BOS (by
+      role) is dropped (``dest`` gets its own prefix, below) and any other special token becomes its
+      content as plain text, so the drafter still sees where a turn starts. For a drafter whose chat
+      template differs (Gemma's ``<start_of_turn>``), pass the drafter-side prompt explicitly
+      (``assistant_input_ids=``, :func:`hf_hetspec.chat_inputs`).
+    * ``dest``'s own prefix (:attr:`Vocabulary.bos_prefix`, e.g. Gemma's ``<bos>``) comes first, once.
+    * The result is never empty: a prompt that converts to nothing (only the source's BOS) becomes
+      ``dest``'s BOS, else its EOS.
+
+    Args:
+        source, dest: byte tables of the two tokenizers.
+        source_ids: the prompt (list of ``source`` ids, non-empty).
+
+    Returns:
+        list of ``dest`` ids.
+
+    Raises:
+        ValueError: the result would be empty and ``dest`` has neither a BOS nor an EOS token.
+    """
+    by_content: dict[bytes, int] = {}
+    for d_id in sorted(dest.special_ids):
+        by_content.setdefault(dest.token_bytes[d_id], d_id)
+    source_bos = source.tokenizer.bos_token_id
+    ids = list(dest.bos_prefix)
+    run: list[int] = []
+
+    def flush() -> None:
+        if run:
+            ids.extend(dest.encode(source.ids_to_bytes(run).decode("utf-8", errors="replace")))
+            run.clear()
+
+    for s_id in source_ids:
+        if s_id not in source.special_ids:
+            run.append(s_id)
+            continue
+        d_id = by_content.get(source.token_bytes[s_id])
+        if d_id is not None:
+            flush()
+            if not (ids == list(dest.bos_prefix) == [d_id]):  # the prefix already is this BOS
+                ids.append(d_id)
+        elif s_id == source_bos:
+            flush()
+        else:
+            run.append(s_id)  # its content, as text
+    flush()
+    if not ids:
+        tok = dest.tokenizer
+        fallback = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if fallback is None:
+            raise ValueError(
+                "the prompt converts to no drafter token and the drafter tokenizer has neither a BOS nor an EOS "
+                "token: pass the drafter's prompt as `assistant_input_ids=`."
+            )
+        ids = [fallback]
+    return ids
 
 
 def complete_utf8_prefix(data: bytes) -> int:
@@ -213,7 +308,10 @@ class TextWindowConverter:
     ``continuation(context_ids, new_bytes)`` returns token ids ``c`` such that the bytes of
     ``context_ids + c`` are the bytes of ``context_ids`` followed by ``new_bytes``, tokenized the way the
     tokenizer tokenizes the window text plus the new text. The window is the last ``window`` tokens of the
-    context, extended backwards until its bytes start on a character boundary.
+    context, extended backwards until its bytes start on a character boundary, and cut after the last
+    special token of the context. New text is always encoded as plain text
+    (:meth:`Vocabulary.encode` with ``parse_special=False``): a literal ``"<|im_end|>"`` that a model
+    generated or a user typed stays characters and never becomes a control token on the other side.
 
     Args:
         vocab: the byte table of the tokenizer to encode with.
@@ -228,12 +326,23 @@ class TextWindowConverter:
 
     def window_start(self, context_ids: list[int], end: int | None = None, floor: int = 0) -> int:
         """Index where the window over ``context_ids[floor:end]`` starts (on a UTF-8 character boundary
-        where possible)."""
+        where possible, and always after the last special token before ``end``).
+
+        A special token is never part of a window: the tokenizer never merges it with its neighbours, so
+        the text after it tokenizes on its own, and re-encoding its content string as text would turn a
+        real control token into plain characters.
+        """
         end = len(context_ids) if end is None else end
         start = max(floor, end - self.window)
+        special = self.vocab.special_ids
+        for j in range(end - 1, start - 1, -1):
+            if context_ids[j] in special:
+                return j + 1
         tb = self.vocab.token_bytes
         # a window that starts inside a character cannot be decoded to text; widen it
         while start > floor and tb[context_ids[start]][:1] and (tb[context_ids[start]][0] & 0xC0) == 0x80:
+            if context_ids[start - 1] in special:
+                break
             start -= 1
         return start
 

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
-from .drafter import model_device, rollback_cache
+from .drafter import DrafterContextFull, model_device, rollback_cache
 from .stats import DecodingStats
 from .verify import verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
@@ -37,6 +37,15 @@ def _process(logits_processor, candidate_ids: torch.Tensor, n: int, logits: torc
     return torch.cat(rows, dim=0)
 
 
+def _positions(prompt_positions: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Position ids of sequence indices ``start .. end - 1`` (``(1, end - start)``) when the user gave the
+    prompt's: the prompt's own for its tokens, then one more per generated token (transformers' rule)."""
+    n = prompt_positions.shape[0]
+    index = torch.arange(start, end, device=prompt_positions.device)
+    generated = prompt_positions[-1] + 1 + (index - n)
+    return torch.where(index < n, prompt_positions[index.clamp(max=n - 1)], generated)[None]
+
+
 def speculative_generate(
     target,
     input_ids: torch.LongTensor,
@@ -49,6 +58,7 @@ def speculative_generate(
     streamer=None,
     generator: torch.Generator | None = None,
     past_key_values=None,
+    position_ids: torch.LongTensor | None = None,
 ):
     """Decode with draft-then-verify until a stopping criterion fires.
 
@@ -66,6 +76,9 @@ def speculative_generate(
         generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
         past_key_values: the target's (empty) KV cache prepared by ``generate()``; a ``DynamicCache`` is
             made when ``generate()`` did not prepare one.
+        position_ids (``torch.LongTensor`` of shape ``(1, n)``, optional): the prompt's position ids as the
+            user passed them to ``generate()``; generated tokens continue from the last one, as in
+            transformers' own decoding. They are the target's: the drafter numbers its own tokens.
 
     Returns:
         ``torch.LongTensor`` of shape ``(1, n + new_tokens)``, or ``GenerateDecoderOnlyOutput`` when
@@ -83,15 +96,25 @@ def speculative_generate(
     scores, raw_logits = [], []
     stats.prompt_tokens = input_ids.shape[1]
     ids = input_ids.to(device)
+    prompt_positions = None if position_ids is None else position_ids[0].to(device)
     finished = False
     while not finished:
         n = ids.shape[1]
-        candidate_ids, candidate_logits = proposer.get_candidates(ids)
+        try:
+            candidate_ids, candidate_logits = proposer.get_candidates(ids)
+        except DrafterContextFull:
+            # the drafter's maximum context is full even after truncation: the target goes on alone
+            candidate_ids, candidate_logits = ids, None
+            stats.skipped_drafts += 1
         k = candidate_ids.shape[1] - n
         with stats.timer("target_s"):
             candidate_ids = candidate_ids.to(device)
-            feed = candidate_ids[:, cache.get_seq_length() :]
-            out = target(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=k + 1)
+            start = cache.get_seq_length()
+            feed = candidate_ids[:, start:]
+            extra = {}
+            if prompt_positions is not None:
+                extra["position_ids"] = _positions(prompt_positions, start, candidate_ids.shape[1])
+            out = target(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=k + 1, **extra)
             logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
             processed = _process(logits_processor, candidate_ids, n, logits)
             draft = candidate_ids[0, n:]
@@ -130,6 +153,7 @@ def speculative_generate(
     if streamer is not None:
         streamer.end()
     stats.new_tokens = ids.shape[1] - input_ids.shape[1]
+    stats.drafter_truncated_tokens = getattr(getattr(proposer, "drafter", None), "truncated_tokens", 0)
     stats.total_s = time.perf_counter() - start
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(

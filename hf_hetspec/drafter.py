@@ -19,6 +19,28 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
 
+#: Positions kept free after the synced context for one draft (lookahead <= 16 target tokens, a few drafter
+#: tokens each); at most half of the drafter's maximum context.
+DRAFT_RESERVE = 64
+
+
+class DrafterContextFull(RuntimeError):
+    """A drafter forward would pass the drafter's maximum context (``max_position_embeddings``); the
+    decoding loop lets the target go on alone for that round."""
+
+
+def max_positions(model: PreTrainedModel) -> int | None:
+    """The drafter's maximum context in tokens (``max_position_embeddings`` or ``n_positions`` of its text
+    config), ``None`` when the config states none."""
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
 
 def rollback_cache(cache: DynamicCache, length: int) -> None:
     """Crop ``cache`` so that it holds the first ``length`` positions."""
@@ -32,6 +54,44 @@ def model_device(model: PreTrainedModel) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
+class DraftStop:
+    """When to end a draft before the lookahead is used up, from the drafter's own confidence.
+
+    The draft ends after a token whose drafter probability is below ``min_confidence`` (transformers'
+    ``assistant_confidence_threshold`` rule), or once the product of the drafted tokens' probabilities -- the
+    drafter's estimate that the whole draft is accepted -- falls below ``min_joint``. The second rule is a
+    cost rule: drafting one more token costs about ``c`` target forwards (``c`` = drafter step time / target
+    step time) and adds at most that product in expected accepted tokens, so drafting is worth it while the
+    product exceeds ``c``; ``min_joint`` is set near ``c`` (Leviathan et al. 2023, Section 3.4, choose the
+    draft length from the acceptance rate and the cost ratio; here per draft, from the drafter's confidence).
+
+    Both decisions depend on the drafter alone, so they never change the output distribution: the number
+    of drafts is a stopping time of the drafter's randomness, and speculative sampling is exact for any
+    draft length fixed before verification.
+
+    Args:
+        min_confidence: per-token cut-off in ``[0, 1)`` (0 disables it).
+        min_joint: cut-off of the running product in ``[0, 1)`` (0 disables it).
+    """
+
+    def __init__(self, min_confidence: float = 0.0, min_joint: float = 0.0):
+        self.min_confidence = min_confidence
+        self.min_joint = min_joint
+        self.joint = 1.0
+
+    def __bool__(self) -> bool:
+        return self.min_confidence > 0.0 or self.min_joint > 0.0
+
+    def reset(self) -> None:
+        """Start a new draft."""
+        self.joint = 1.0
+
+    def __call__(self, confidence: float) -> bool:
+        """Whether to end the draft after a token drafted with probability ``confidence``."""
+        self.joint *= confidence
+        return confidence < self.min_confidence or self.joint < self.min_joint
+
+
 class DrafterContext:
     """Drafter token ids + KV cache for one ``generate()`` call, synchronized on accepted text.
 
@@ -41,6 +101,14 @@ class DrafterContext:
     byte coordinates (a drafter tokenizer that normalizes text, e.g. NFC, cannot make it drift). The KV
     cache always holds fewer positions than ``ids`` has tokens, so a forward over the uncached tail yields
     the logits of the next token.
+
+    Maximum context: a drafter holds at most ``max_positions(model)`` tokens (a model with learned
+    position embeddings fails beyond them, a RoPE model degrades). The context keeps
+    ``DRAFT_RESERVE`` positions free for a draft: a longer prompt keeps only its last tokens (after the
+    drafter's BOS), and when the synced context grows past the limit the oldest half is dropped and the KV
+    cache is rebuilt. ``truncated_tokens`` counts the dropped tokens (``DecodingStats.drafter_truncated_tokens``).
+    Only the drafter's view shrinks: the target always sees the whole sequence, so the output is unchanged.
+    A forward that would still pass the limit raises :class:`DrafterContextFull`.
 
     Args:
         model: the drafter (any causal LM with a KV cache).
@@ -62,11 +130,34 @@ class DrafterContext:
         self.converter = TextWindowConverter(vocab, window)
         # padded rows of the LM head are no tokens: never draft them
         self.n_tokens = len(vocab.tokenizer)
-        self.cache = DynamicCache(config=model.config)
-        if hasattr(self.cache, "activate_past_recording"):
-            self.cache.activate_past_recording()
+        self.cache = self._new_cache()
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.forwards = 0
+        self.capacity = max_positions(model)
+        self.reserve = 0 if self.capacity is None else min(DRAFT_RESERVE, self.capacity // 2)
+        prefix = list(vocab.bos_prefix)
+        self.n_sink = len(prefix) if prefix and self.ids[: len(prefix)] == prefix else 0
+        self.truncated_tokens = 0
+        if self.capacity is not None and len(self.ids) > self.capacity - self.reserve:
+            self._drop_oldest(self.capacity - self.reserve)
+
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()
+        return cache
+
+    def _drop_oldest(self, keep: int) -> None:
+        """Keep the BOS sink and the last tokens, ``keep`` in all (no draft pending); restart the cache."""
+        keep = max(keep, self.n_sink + 1)
+        drop = len(self.ids) - keep
+        if drop <= 0:
+            return
+        del self.ids[self.n_sink : self.n_sink + drop]
+        self.n_synced -= drop
+        self.n_prompt = max(self.n_sink, self.n_prompt - drop)
+        self.truncated_tokens += drop
+        self.cache = self._new_cache()
 
     @property
     def draft_ids(self) -> list[int]:
@@ -104,28 +195,53 @@ class DrafterContext:
         self.n_synced = len(self.ids)
         self.synced_len = len(text)
         rollback_cache(self.cache, min(self.cache.get_seq_length(), n_keep, len(self.ids) - 1))
+        if self.capacity is not None and len(self.ids) > self.capacity - self.reserve:
+            self._drop_oldest((self.capacity - self.reserve) // 2)
 
     @torch.no_grad()
-    def draft(self, n_tokens: int, select: Callable[[torch.Tensor], torch.Tensor]) -> list[int]:
-        """Extend the sequence by ``n_tokens`` drafter tokens chosen by ``select``.
+    def draft(
+        self,
+        n_tokens: int,
+        select: Callable[[torch.Tensor], torch.Tensor],
+        stop: "DraftStop | None" = None,
+    ) -> list[int]:
+        """Extend the sequence by up to ``n_tokens`` drafter tokens chosen by ``select``.
 
         Args:
-            n_tokens: number of drafter forwards (the lookahead, in drafter tokens), >= 1.
+            n_tokens: the most drafter forwards (the lookahead, in drafter tokens), >= 1.
             select: maps the next-token logits (``torch.FloatTensor`` of shape ``(1, V_drafter)``, padded
                 rows of the LM head cut off) to the
                 chosen token (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device.
+            stop: ends the draft early from the drafter's confidence (:class:`DraftStop`); ``None`` drafts
+                ``n_tokens``. Costs one host sync per token when given.
 
         Returns:
-            the drafted token ids (list of ``n_tokens`` ints); they are also appended to ``ids``.
+            the drafted token ids (list of 1 to ``n_tokens`` ints); they are also appended to ``ids``.
         """
+        n_tokens = min(n_tokens, self.room())
+        if n_tokens < 1:
+            raise DrafterContextFull(f"the drafter holds at most {self.capacity} positions")
         feed = self._uncached_tail()
         chosen = []
-        for _ in range(n_tokens):
-            feed = select(self._forward(feed))
+        if stop is not None:
+            stop.reset()
+        for i in range(n_tokens):
+            logits = self._forward(feed)
+            feed = select(logits)
             chosen.append(feed)
+            if stop is not None and i + 1 < n_tokens:
+                if stop(float(logits.float().softmax(dim=-1).gather(-1, feed))):
+                    break
         drafted = torch.cat(chosen, dim=1)[0].tolist()  # one host sync per draft
         self.ids.extend(drafted)
         return drafted
+
+    def room(self) -> int:
+        """How many tokens a draft can still have before the drafter's context is full (a large number for a
+        drafter without a position limit); a draft of ``n`` tokens feeds ``n - 1`` of them."""
+        if self.capacity is None:
+            return 1 << 30
+        return self.capacity - len(self.ids) + 1
 
     @torch.no_grad()
     def next_logits(self) -> torch.Tensor:
@@ -138,6 +254,8 @@ class DrafterContext:
 
     def _forward(self, feed: torch.Tensor) -> torch.Tensor:
         """Feed ``feed`` (``(1, m)``) through the drafter with its cache; next-token logits, padded rows cut."""
+        if self.capacity is not None and self.cache.get_seq_length() + feed.shape[1] > self.capacity:
+            raise DrafterContextFull(f"the drafter holds at most {self.capacity} positions")
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
         self.forwards += 1

@@ -9,6 +9,11 @@
    (:func:`~hf_hetspec.decoding.speculative_generate`), so the generation config, logits processors,
    stopping criteria, streamer and KV cache are prepared by transformers exactly as for plain decoding.
 
+Only token ids and text cross between the models: the call's ``attention_mask`` (all ones),
+``position_ids`` and cache are the target's and never reach the drafter, whose sequence has another length
+(it numbers its own positions and keeps its own cache); ``assistant_input_ids=`` gives the drafter its own
+prompt (e.g. its own chat template, :func:`hf_hetspec.chat_inputs`).
+
 Without ``assistant_model`` the call goes to transformers unchanged. Supported: transformers 5.x
 (``custom_generate`` callables and ``GenerationMixin._prepare_generation_config``); the contract test
 ``tests/test_integration.py`` pins what is used.
@@ -36,7 +41,7 @@ from transformers.generation.utils import GenerationMixin
 
 from .alignment import Vocabulary
 from .decoding import speculative_generate
-from .drafter import model_device
+from .drafter import DraftStop, model_device
 from .intersection import intersection_for, prefix_map_for
 from .slem import SLEMCandidateGenerator
 from .slrs import SLRSCandidateGenerator
@@ -46,6 +51,10 @@ from .stats import DecodingStats
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
 IMPLEMENTED = ("slem", "tli", "slrs")
 DEFAULT_LOOKAHEAD = 5
+DEFAULT_MAX_LOOKAHEAD = 32  # the most drafter tokens per draft under the default schedule
+# default schedule: a draft ends when the drafter's probability that all of it is accepted falls below this
+# (~ drafter step time / target step time; 0.17 for SmolLM2-135M / Qwen2.5-Coder-1.5B in bf16 on CPU)
+DEFAULT_MIN_JOINT = 0.2
 MIN_TLI_SHARE = 0.01  # TLI needs at least this share of the drafter's tokens in the intersection
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
@@ -87,6 +96,20 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
     assistant_tokenizer=drafter_tokenizer, hetspec_algorithm="slem")`` runs heterogeneous-vocabulary
     speculative decoding. Only the instance gets a ``generate`` attribute; weights, configs and the
     generation config are not touched.
+
+    ``generate()`` keyword arguments added by hf_hetspec (all need ``assistant_model=``):
+
+    * ``hetspec_algorithm``: ``"auto"`` (default), ``"slem"``, ``"tli"`` or ``"slrs"``.
+    * ``hetspec_generator`` (``torch.Generator`` on the target's device): randomness of a sampled call.
+    * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
+      prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
+      (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by
+      :func:`hf_hetspec.alignment.convert_prompt`. It changes only the drafter's proposals, never the output.
+      Refused before any work (``ValueError``; ``NotImplementedError`` for a batch) when it is not an integer
+      tensor of shape ``(1, m)``, ``m >= 1``, with ids below ``len(assistant_tokenizer)``.
+
+    A prompt longer than the drafter's ``max_position_embeddings`` is fine: the drafter keeps its BOS and the
+    last tokens it can hold (``DecodingStats.drafter_truncated_tokens``), the target sees everything.
 
     Raises:
         TypeError: ``model`` has no ``generate`` method.
@@ -163,6 +186,7 @@ class _HetSpecDecoding:
             streamer=self.streamer,
             generator=self.generator,
             past_key_values=model_kwargs.get("past_key_values"),
+            position_ids=model_kwargs.get("position_ids"),
         )
 
 
@@ -173,20 +197,23 @@ def _generate(self, *args, **kwargs):
     extra = call.pop("kwargs", {})
     algorithm = extra.pop("hetspec_algorithm", None)
     generator = extra.pop("hetspec_generator", None)
+    drafter_prompt = extra.pop("assistant_input_ids", None)
     drafter = call.get("assistant_model")
     original = type(self).generate
     if drafter is None:
-        if algorithm is not None or generator is not None:
+        if algorithm is not None or generator is not None or drafter_prompt is not None:
             raise ValueError(
-                "`hetspec_algorithm`/`hetspec_generator` were given without `assistant_model`: pass the "
-                "drafter as `assistant_model=` (or drop these arguments for plain decoding)."
+                "`hetspec_algorithm`/`hetspec_generator`/`assistant_input_ids` were given without "
+                "`assistant_model`: pass the drafter as `assistant_model=` (or drop these arguments for plain "
+                "decoding)."
             )
         return original(self, **call, **extra)
 
     target_tokenizer = extra.pop("tokenizer", None)
     drafter_tokenizer = extra.pop("assistant_tokenizer", None)
     algorithm = "auto" if algorithm is None else algorithm
-    plan = _validate(self, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator)
+    plan = _validate(self, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator,
+                     drafter_prompt)
 
     stats = DecodingStats(algorithm=plan["algorithm"], note=plan["note"])
     _LAST_STATS[self] = stats
@@ -214,8 +241,10 @@ def _proposer_factory(plan: dict, target, drafter, stats: DecodingStats, generat
         common = dict(
             lookahead=plan["lookahead"],
             adaptive=plan["adaptive"],
+            stop=DraftStop(*plan["stop"]),
             max_length=generation_config.max_length,
             stats=stats,
+            drafter_prompt=plan["drafter_prompt"],
         )
         if plan["algorithm"] == "slem":
             return SLEMCandidateGenerator(target_vocab, drafter, drafter_vocab, input_ids, **common)
@@ -275,8 +304,11 @@ def _eos_ids(config: GenerationConfig) -> list[int]:
 
 
 def _rows(model) -> int:
-    """Rows of the model's output layer (its padded vocabulary size)."""
+    """Rows of the model's output layer (its padded vocabulary size); also for a quantized head, whose
+    ``weight`` is not a tensor (e.g. ``torch.ao.quantization.quantize_dynamic`` drafters on CPU)."""
     head = model.get_output_embeddings()
+    if head is not None and isinstance(getattr(head, "out_features", None), int):
+        return head.out_features
     return (head if head is not None else model.get_input_embeddings()).weight.shape[0]
 
 
@@ -287,8 +319,12 @@ def _input_ids(call: dict, extra: dict) -> torch.Tensor | None:
     return inputs
 
 
-def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator) -> dict:
+def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator,
+              drafter_prompt=None) -> dict:
     """Check a hf_hetspec ``generate()`` call before any work; return the resolved plan.
+
+    ``drafter_prompt`` is ``generate(assistant_input_ids=...)``: the same prompt in drafter ids, shape
+    ``(1, m)``, ``m >= 1``, integer ids below ``len(assistant_tokenizer)``.
 
     Raises:
         ValueError / TypeError / NotImplementedError: with a message naming the argument and the fix.
@@ -317,6 +353,11 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
             )
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"hetspec_generator must be a torch.Generator, got {type(generator).__name__}.")
+    if generator is not None and generator.device.type != model_device(target).type:
+        raise ValueError(
+            f"hetspec_generator is on {generator.device.type} but the target's logits are on "
+            f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
+        )
 
     inputs = _input_ids(call, extra)
     if inputs is None:
@@ -336,6 +377,22 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
             "`attention_mask` contains padding (zeros); hf_hetspec decodes one unpadded sequence: "
             "pass the prompt without padding."
         )
+    if mask is not None and tuple(mask.shape) != tuple(inputs.shape):
+        raise ValueError(
+            f"`attention_mask` has shape {tuple(mask.shape)} but `input_ids` has {tuple(inputs.shape)}: pass "
+            "the mask of this prompt (or none)."
+        )
+    positions = extra.get("position_ids")
+    if positions is not None and (
+        not torch.is_tensor(positions)
+        or positions.is_floating_point()
+        or tuple(positions.shape) != tuple(inputs.shape)
+    ):
+        raise ValueError(
+            f"`position_ids` must be an integer tensor of the prompt's shape {tuple(inputs.shape)} (they are the "
+            "target's; the drafter numbers its own tokens): pass one position per prompt token, or none."
+        )
+    drafter_prompt_ids = _drafter_prompt(drafter_prompt, drafter_tokenizer)
 
     config, _ = target._prepare_generation_config(call.get("generation_config"), **dict(extra))
     if (config.num_beams or 1) > 1:
@@ -361,10 +418,23 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name}={value!r}: the lookahead must be a positive integer.")
 
+    # The draft-length schedule. Default: drafts of up to DEFAULT_MAX_LOOKAHEAD drafter tokens, each ended
+    # once the drafter's probability that the whole draft is accepted falls below DEFAULT_MIN_JOINT (~ the
+    # drafter/target cost ratio, see drafter.DraftStop). num_assistant_tokens alone: exactly that many;
+    # a heuristic schedule: transformers' +2/-1 rule; assistant_confidence_threshold: per-token cut-off.
+    threshold = _user_value(call, extra, "assistant_confidence_threshold")
+    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
+        raise ValueError(
+            f"assistant_confidence_threshold={threshold!r}: the drafter-confidence cut-off must be in [0, 1) "
+            "(0 disables it)."
+        )
     explicit = _user_value(call, extra, "num_assistant_tokens")
     schedule = _user_value(call, extra, "num_assistant_tokens_schedule")
-    lookahead = explicit if explicit is not None else DEFAULT_LOOKAHEAD
-    adaptive = schedule in ("heuristic", "heuristic_transient") or (explicit is None and schedule is None)
+    default_schedule = explicit is None and schedule is None
+    lookahead = explicit if explicit is not None else DEFAULT_MAX_LOOKAHEAD if default_schedule else DEFAULT_LOOKAHEAD
+    adaptive = schedule in ("heuristic", "heuristic_transient")
+    min_joint = DEFAULT_MIN_JOINT if default_schedule and threshold is None else 0.0
+    min_confidence = float(threshold or 0.0)
 
     # identical when every id spells the same bytes and the same ids are special (never by vocab_size);
     # the byte tables are cached per tokenizer, so this costs one list comparison per call
@@ -374,10 +444,18 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
     drafter_vocab = _padded(drafter_table, _rows(drafter))
     resolved = algorithm
     if algorithm == "auto":
-        # greedy: SLEM (exact match needs no intersection, accepts any tokenization);
-        # sampling: TLI (speculative sampling accepts near-misses, which exact match cannot)
-        resolved = "tli" if config.do_sample else "slem"
+        # greedy: SLEM (exact match needs no intersection and accepts any tokenization; 1.9-2.4x vs 1.5x
+        # for TLI/SLRS greedy on Qwen2.5-Coder-1.5B + SmolLM2-135M, README). Sampling: speculative sampling,
+        # which accepts near-misses exact match cannot: TLI for identical vocabularies (standard speculative
+        # sampling), else SLRS, whose proposals include every TLI proposal and keep the drafter's mass
+        # outside the intersection (the Qwen2.5-Coder target puts 10-12% of its mass outside the
+        # intersection with SmolLM2 and Gemma-3: `hf-hetspec analyze`); SLEM under 1% shared tokens.
+        resolved = ("tli" if identical else "slrs") if config.do_sample else "slem"
     intersection = None
+    if resolved == "slrs" and algorithm == "auto":
+        shared = intersection_for(target_vocab, drafter_vocab).drafter_shared
+        if shared / max(1, len(drafter_tokenizer)) < MIN_TLI_SHARE:
+            resolved = "slem"
     if resolved == "tli":
         intersection = intersection_for(target_vocab, drafter_vocab)
         share = intersection.drafter_shared / max(1, len(drafter_tokenizer))
@@ -397,6 +475,8 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         "algorithm": resolved,
         "lookahead": lookahead,
         "adaptive": adaptive,
+        "stop": (min_confidence, min_joint),
+        "drafter_prompt": drafter_prompt_ids,
         "note": note,
         "stop_strings": config.stop_strings,
         "target_vocab": target_vocab,
@@ -404,6 +484,38 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         "intersection": intersection,
         "prefix_map": prefix_map,
     }
+
+
+def _drafter_prompt(value, drafter_tokenizer) -> list[int] | None:
+    """``assistant_input_ids`` checked and as a list of drafter ids (``None`` when not given).
+
+    Raises:
+        ValueError / NotImplementedError: not an integer tensor of shape ``(1, m)`` with ``m >= 1``, or ids
+            outside the drafter tokenizer's vocabulary.
+    """
+    if value is None:
+        return None
+    fix = ("pass the prompt in drafter token ids, e.g. `assistant_tokenizer.apply_chat_template(messages, "
+           "add_generation_prompt=True, return_tensors='pt')['input_ids']` or `hf_hetspec.chat_inputs(...)`")
+    if not torch.is_tensor(value) or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise ValueError(f"`assistant_input_ids` must be an integer tensor of shape (1, m): {fix}.")
+    if value.dim() != 2:
+        raise ValueError(f"`assistant_input_ids` has shape {tuple(value.shape)}, expected (1, m): {fix}.")
+    if value.shape[0] != 1:
+        raise NotImplementedError(
+            f"`assistant_input_ids` holds a batch of {value.shape[0]}; hf_hetspec decodes one sequence at a time: "
+            "pass one prompt of shape (1, m)."
+        )
+    if value.shape[1] < 1:
+        raise ValueError(f"`assistant_input_ids` is empty: the drafter's prompt needs at least one token; {fix}.")
+    ids = value[0].tolist()
+    bad = [i for i in ids if not 0 <= i < len(drafter_tokenizer)]
+    if bad:
+        raise ValueError(
+            f"`assistant_input_ids` holds ids outside the drafter vocabulary (0..{len(drafter_tokenizer) - 1}), "
+            f"e.g. {bad[0]}: they must come from `assistant_tokenizer`, not the target's tokenizer; {fix}."
+        )
+    return ids
 
 
 def _user_value(call: dict, extra: dict, name: str):

@@ -13,25 +13,15 @@ from transformers.generation import CandidateGenerator
 
 from transformers import LogitsProcessorList
 
-from .alignment import Vocabulary, complete_utf8_prefix, sanitize_utf8
-from .drafter import DrafterContext
+from .alignment import Vocabulary, complete_utf8_prefix, convert_prompt, sanitize_utf8
+from .drafter import DrafterContext, DraftStop
 from .stats import DecodingStats
 
 
 def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, target_prompt: list[int]) -> list[int]:
-    """The prompt in drafter token ids: the target prompt's text, encoded by the drafter tokenizer.
-
-    Special tokens of the prompt (chat-template markers) are kept as text and become drafter special
-    tokens where the drafter has a token of the same content. The drafter's own BOS is added once if its
-    tokenizer adds one (and not again if the text already starts with it).
-    """
-    text = target_vocab.ids_to_bytes(target_prompt).decode("utf-8", errors="replace")
-    tok = drafter_vocab.tokenizer
-    ids = tok.encode(text, add_special_tokens=True)
-    bos = tok.bos_token_id
-    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]
-    return ids
+    """The default drafter prompt: the target prompt converted by :func:`~hf_hetspec.alignment.convert_prompt`
+    (text as plain text, special tokens matched by content, the drafter's own BOS once)."""
+    return convert_prompt(target_vocab, drafter_vocab, target_prompt)
 
 
 class HeterogeneousProposer(CandidateGenerator):
@@ -47,7 +37,12 @@ class HeterogeneousProposer(CandidateGenerator):
             (transformers' "heuristic" schedule), within ``[1, max_lookahead]``.
         max_length: the target's ``generation_config.max_length``; drafts never cross it.
         stats: statistics of the call, updated in place.
+        stop: ends drafts early from the drafter's confidence (:class:`~hf_hetspec.drafter.DraftStop`);
+            ``None`` or a disabled one: every draft has ``lookahead`` drafter tokens.
         window: tokens of context re-encoded with new text on either side.
+        drafter_prompt: the prompt in drafter ids (e.g. the drafter's own chat template applied to the same
+            messages, ``generate(assistant_input_ids=...)``); default: the target prompt converted by
+            :func:`drafter_prompt_ids`. It only changes what the drafter proposes, never the output.
     """
 
     def __init__(
@@ -63,6 +58,8 @@ class HeterogeneousProposer(CandidateGenerator):
         stats: DecodingStats,
         max_lookahead: int = 16,
         window: int = 4,
+        stop: DraftStop | None = None,
+        drafter_prompt: list[int] | None = None,
     ):
         self.target_vocab = target_vocab
         self.drafter_vocab = drafter_vocab
@@ -71,10 +68,12 @@ class HeterogeneousProposer(CandidateGenerator):
         self.max_lookahead = max(max_lookahead, lookahead)
         self.max_length = max_length
         self.stats = stats
+        self.stop = stop if stop else None
         self.target_ids: list[int] = input_ids[0].tolist()
         self.target_gen_bytes = b""
         with stats.timer("translation_s"):
-            prompt = drafter_prompt_ids(target_vocab, drafter_vocab, self.target_ids)
+            prompt = drafter_prompt if drafter_prompt else drafter_prompt_ids(target_vocab, drafter_vocab,
+                                                                              self.target_ids)
         self.drafter = DrafterContext(drafter, drafter_vocab, prompt, window)
         self._last_draft_len = 0
 
@@ -103,13 +102,14 @@ class HeterogeneousProposer(CandidateGenerator):
         with self.stats.timer("translation_s"):
             self.drafter.sync(sanitize_utf8(text))
         # token-level algorithms draft one target token per drafter token: never more than can be verified
-        self.draft_len = min(self.lookahead, budget)
+        self.draft_len = min(self.lookahead, budget, self.drafter.room())
+        forwards = self.drafter.forwards
         candidates, logits = self._propose(budget)
+        self.stats.drafter_forwards += self.drafter.forwards - forwards
         if not candidates:
             return input_ids, None
         self._last_draft_len = len(candidates)
         self.stats.lookaheads.append(self.lookahead)
-        self.stats.drafter_forwards += self.draft_len
         extra = torch.tensor([candidates], dtype=input_ids.dtype, device=input_ids.device)
         return torch.cat([input_ids, extra], dim=1), logits
 

@@ -37,8 +37,8 @@ class SLEMCandidateGenerator(HeterogeneousProposer):
     def _propose(self, budget: int) -> tuple[list[int], None]:
         with self.stats.timer("drafter_s"):
             # not capped by the budget: a target token can take several drafter tokens to spell
-            self.draft_len = self.lookahead
-            drafted = self.drafter.draft(self.draft_len, greedy_select)
+            self.draft_len = min(self.lookahead, self.drafter.room())
+            drafted = self.drafter.draft(self.draft_len, greedy_select, self.stop)
         with self.stats.timer("translation_s"):
             return self._to_target(drafted)[:budget], None
 

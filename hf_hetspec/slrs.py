@@ -72,6 +72,8 @@ class SLRSCandidateGenerator(TokenLevelProposer):
         targets: list[int] = []
         psis: list[torch.Tensor] = []
         tb_target, tb_drafter = self.target_vocab.token_bytes, self.drafter_vocab.token_bytes
+        if self.stop is not None:
+            self.stop.reset()
         for _ in range(self.draft_len):
             with self.stats.timer("drafter_s"):
                 q, psi = self._psi(self.drafter.next_logits())
@@ -79,12 +81,14 @@ class SLRSCandidateGenerator(TokenLevelProposer):
                     d = int(torch.multinomial(q[0], 1, generator=self.generator))
                     t = self.map_list[d]
                     psis.append(psi)
+                    confidence = q[0, d]
                 else:
                     t = int(psi[0].argmax())
                     d = self.exact_drafter_id.get(t)
+                    confidence = psi[0, t]
             targets.append(t)
-            if t in self.target_eos:
-                break
+            if t in self.target_eos or (self.stop is not None and self.stop(float(confidence))):
+                break  # the drafter's context catches up on the proposed text at the next sync
             with self.stats.timer("translation_s"):
                 if d is not None and tb_drafter[d] == tb_target[t]:
                     self.drafter.ids.append(d)

@@ -10,7 +10,11 @@ Conventions (the field's, written down once):
 * ``mean_accepted_per_forward = new_tokens / target_forwards``: target tokens produced per target forward,
   *including* the bonus/correction token (1.0 means no speedup from drafting);
 * times are wall-clock seconds: ``drafter_s`` drafter forwards, ``translation_s`` text conversion between
-  vocabularies, ``target_s`` target forwards plus verification, ``total_s`` the whole decoding call.
+  vocabularies, ``target_s`` target forwards plus verification, ``total_s`` the whole decoding call;
+* ``skipped_drafts`` counts rounds in which the target went on alone (no room before ``max_length``, the
+  target stopped inside a UTF-8 character, or the drafter's maximum context was full);
+  ``drafter_truncated_tokens`` counts the oldest drafter-context tokens dropped to stay within the
+  drafter's ``max_position_embeddings`` (the target always sees everything; the output is unchanged).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class DecodingStats:
     accepted_tokens: int = 0
     drafter_forwards: int = 0
     skipped_drafts: int = 0
+    drafter_truncated_tokens: int = 0
     drafter_s: float = 0.0
     target_s: float = 0.0
     translation_s: float = 0.0

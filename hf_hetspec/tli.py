@@ -43,7 +43,7 @@ class TLICandidateGenerator(TokenLevelProposer):
     def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
         self._probs = []
         with self.stats.timer("drafter_s"):
-            drafted = self.drafter.draft(self.draft_len, self._select)
+            drafted = self.drafter.draft(self.draft_len, self._select, self.stop)
         with self.stats.timer("translation_s"):
             targets = [self.map_list[d] for d in drafted]
             k = min(budget, len(targets))

@@ -339,3 +339,25 @@ def test_generation_config_object_is_honored(toy_pair):
     ref = _reference(toy_pair, ids, generation_config=cfg)
     out = _hetspec(toy_pair, ids, generation_config=cfg)
     assert out.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("do_sample, expected", [(False, "slem"), (True, "slrs")])
+def test_auto_picks_slem_for_greedy_and_slrs_for_sampling(toy_pair, do_sample, expected):
+    """The documented ``auto`` rule for two different vocabularies (identical ones: see the next test)."""
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    kwargs = dict(do_sample=True, temperature=1.0, top_k=5) if do_sample else dict(do_sample=False)
+    _hetspec(toy_pair, ids, max_new_tokens=6, hetspec_algorithm="auto", **kwargs)
+    assert hf_hetspec.last_stats(toy_pair.target).algorithm == expected
+
+
+def test_auto_samples_with_tli_for_identical_vocabularies(toy_pair):
+    target, tok = toy_pair.target, toy_pair.target_tokenizer
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    hf_hetspec.enable(target)
+    try:
+        target.generate(ids, assistant_model=target, tokenizer=tok, assistant_tokenizer=tok, do_sample=True,
+                        top_k=5, max_new_tokens=6)
+    finally:
+        hf_hetspec.disable(target)
+    stats = hf_hetspec.last_stats(target)
+    assert stats.algorithm == "tli" and "identical vocabularies" in stats.note
