@@ -6,6 +6,12 @@
     hf-hetspec generate --target T --drafter D [--algorithm A] [--compare] [--json] PROMPT
     hf-hetspec demo [--quick] [--max-new-tokens N] [--dtype D] [--prompts N] [--json PATH]
     hf-hetspec verify --target T --drafter D --algorithm A [--temperature T --top-k K] PROMPT
+    hf-hetspec bench [--quick] [--tasks ...] [--temperatures ...] [--out DIR] [--write-card DIR]
+    hf-hetspec analyze TARGET DRAFTER [--json]
+    hf-hetspec pairing show PATH_OR_REPO | push FOLDER REPO_ID
+
+``bench``, ``analyze`` and ``pairing`` live in their own modules (:mod:`hf_hetspec.bench`,
+:mod:`hf_hetspec.analyze`, :mod:`hf_hetspec.pairing`) and register themselves in :func:`build_parser`.
 
 ``generate --compare`` and ``demo`` run three methods on the same prompt(s):
 
@@ -14,14 +20,7 @@
   (``assistant_model=`` + both tokenizers, hf_hetspec disabled);
 * ``hf_hetspec <algorithm>``: this package.
 
-Speeds are new tokens per wall-clock second of the whole ``generate()`` call; a speedup is the ratio of a
-method's tokens/s to the target alone's, with tokens and seconds summed over the prompts of the run.
-hf_hetspec's drafted/accepted tokens and target forwards come from its
-:class:`~hf_hetspec.stats.DecodingStats`. For transformers' built-in path they are counted with a forward
-pre-hook on the target: it feeds the prompt plus the first draft in its first target forward and the last
-accepted token plus a draft in every later one, so ``drafted = fed tokens - prompt tokens - (forwards - 1)``
-and ``accepted = new tokens - forwards`` (tokens cut by ``max_new_tokens`` in the last block are not counted
-as accepted). Drafted tokens are in the target's vocabulary for both.
+How speeds, speedups and the counts of transformers' own path are measured: :mod:`hf_hetspec.runner`.
 
 Mistakes a user can fix (an unknown model, algorithm or flag, a missing package) print one line on stderr
 and exit with code 2; a failed download exits with code 1.

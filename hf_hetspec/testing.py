@@ -24,7 +24,8 @@ The pieces, usable separately:
   alone, plain ``generate``) and :func:`transformers_sampler` (transformers' built-in universal assisted
   generation); :func:`sample_outcomes` draws ``n`` of them reproducibly from a seed.
 * :func:`check_lossless` -- chi-square goodness of fit of the sample counts against the exact
-  distribution -> :class:`LosslessnessReport`; :func:`chi_square_power` -- what power a given ``n`` has.
+  distribution -> :class:`LosslessnessReport`; :func:`chi_square_power` -- what power a given ``n`` has;
+  :func:`required_samples` -- the smallest ``n`` with a given power on a given distribution.
 
 Why this is a valid exact test
 ------------------------------
@@ -76,6 +77,7 @@ __all__ = [
     "chi_square_power",
     "exact_target_distribution",
     "hetspec_sampler",
+    "required_samples",
     "sample_outcomes",
     "target_sampler",
     "transformers_sampler",
@@ -522,6 +524,24 @@ class LosslessnessReport:
         return text
 
 
+def _bin_groups(probs: Mapping[Outcome, float], n: int, min_expected: float) -> list[list[Outcome]]:
+    """The bins of :func:`check_lossless` for ``n`` samples: lists of outcomes, a fixed function of ``probs``.
+
+    Every outcome with ``n * P >= min_expected`` is its own bin (most likely first); the others form one
+    bin, merged into the smallest regular bin when its own expected count is below ``min_expected``.
+    """
+    ordered = sorted(((o, p) for o, p in probs.items() if p > 0), key=lambda item: -item[1])
+    bins = [[o] for o, p in ordered if n * p >= min_expected]
+    rest = [o for o, p in ordered if n * p < min_expected]
+    if rest:
+        if n * sum(probs[o] for o in rest) >= min_expected or not bins:
+            bins.append(rest)
+        else:
+            smallest = min(bins, key=lambda group: sum(probs[o] for o in group))
+            smallest.extend(rest)
+    return bins
+
+
 def check_lossless(
     expected: Mapping[Outcome, float], counts: Mapping[Outcome, int], alpha: float = 1e-3, *,
     min_expected: float = 5.0,
@@ -568,25 +588,9 @@ def check_lossless(
         return LosslessnessReport(math.inf, max(len(probs) - 1, 0), 0.0, tv, n, False, alpha, len(probs), 0,
                                   impossible, worst)
 
-    ordered = sorted(probs.items(), key=lambda item: -item[1])
-    bins_obs: list[float] = []
-    bins_exp: list[float] = []
-    rest_obs, rest_exp = 0.0, 0.0
-    for outcome, p in ordered:
-        if n * p >= min_expected:
-            bins_obs.append(counts.get(outcome, 0))
-            bins_exp.append(n * p)
-        else:
-            rest_obs += counts.get(outcome, 0)
-            rest_exp += n * p
-    if rest_exp > 0:
-        if rest_exp >= min_expected or not bins_exp:
-            bins_obs.append(rest_obs)
-            bins_exp.append(rest_exp)
-        else:
-            i = min(range(len(bins_exp)), key=bins_exp.__getitem__)
-            bins_obs[i] += rest_obs
-            bins_exp[i] += rest_exp
+    bins = _bin_groups(probs, n, min_expected)
+    bins_obs = [sum(counts.get(o, 0) for o in group) for group in bins]
+    bins_exp = [n * sum(probs[o] for o in group) for group in bins]
     dof = len(bins_exp) - 1
     if dof < 1:
         return LosslessnessReport(0.0, 0, 1.0, tv, n, True, alpha, len(probs), len(bins_exp), (), worst)
@@ -611,6 +615,43 @@ def chi_square_power(n: int, dof: int, tv: float = 0.1, alpha: float = 1e-3) -> 
     if dof < 1:
         return 0.0
     return float(ncx2.sf(chi2.isf(alpha, dof), dof, 4.0 * n * tv * tv))
+
+
+def required_samples(
+    expected: Mapping[Outcome, float], tv: float = 0.2, power: float = 0.9, alpha: float = 1e-3, *,
+    min_expected: float = 5.0, n_min: int = 100, n_max: int = 2000, step: int = 25,
+) -> int:
+    """The smallest sample size that detects every alternative at total variation ``tv`` with ``power``.
+
+    Tries ``n = n_min, n_min + step, ...`` up to ``n_max`` and returns the first ``n`` for which
+    :func:`chi_square_power` with the degrees of freedom :func:`check_lossless` will use for ``expected`` and
+    ``n`` (its bins depend on ``n``: more samples, more bins) reaches ``power``. The bound is a worst case
+    over all alternatives at that distance (module docstring), so a concrete broken sampler is usually
+    caught with fewer samples. Choosing ``n`` this way depends only on ``expected``, never on samples, so
+    the test stays valid.
+
+    Args:
+        expected: ``{outcome: probability}`` (e.g. from :func:`exact_target_distribution`).
+        tv: total-variation distance (on the bins) to detect.
+        power: wanted probability of detecting it at level ``alpha``.
+        min_expected, n_min, n_max, step: binning rule of :func:`check_lossless` and the grid of sizes.
+
+    Returns:
+        ``n`` (``n_max`` if no smaller size reaches ``power``).
+
+    Raises:
+        ValueError: ``tv`` not in ``(0, 1]``, ``power`` not in ``(0, 1)``, or an empty grid.
+    """
+    if not (0.0 < tv <= 1.0 and 0.0 < power < 1.0):
+        raise ValueError(f"tv={tv}, power={power}: need 0 < tv <= 1 and 0 < power < 1.")
+    if not (1 <= n_min <= n_max and step >= 1):
+        raise ValueError(f"n_min={n_min}, n_max={n_max}, step={step}: need 1 <= n_min <= n_max, step >= 1.")
+    probs = {o: float(p) for o, p in expected.items() if p > 0}
+    for n in range(n_min, n_max + 1, step):
+        dof = len(_bin_groups(probs, n, min_expected)) - 1
+        if chi_square_power(n, dof, tv, alpha) >= power:
+            return n
+    return n_max
 
 
 def verify_lossless(

@@ -11,6 +11,19 @@ has probability > 0.98), so a test there has a single bin and proves nothing. Th
 ambiguous contexts where the target spreads its probability over many continuations (several bins: power)
 while the drafter's draft still matches the target's sample often (acceptance > 0 is asserted, so the
 acceptance, rollback and bonus-token paths are exercised, not only rejections).
+
+Real vocabularies. With two new tokens every sample drafts exactly one token, accepted with probability
+``sum_t min(p(t), q(t))`` (``q``: the draft distribution pushed onto target ids). The prompts were chosen per
+pair by computing that number exactly, for TLI and SLRS and all three settings, over ~150 short prompts
+(corpus openings and prefixes, common words, digits, single CJK characters): each has it between ~0.2 and
+~0.9 for every setting (the acceptance and the rejection/residual paths both run; both are asserted) and
+>= 3 bins. TLI and the string-level algorithms get different prompts (``TLI_PROMPT``, ``STRING_PROMPT``):
+on a prompt whose likely drafter tokens are all shared, SLRS drafts exactly what TLI drafts, and on one whose
+likely drafter tokens are not target tokens, TLI may never accept. Sample sizes come from the exact
+distribution (``required_samples``: power >= ``POWER`` against every alternative at total variation
+``POWER_TV``), not a flat ``n``. The full matrix (6 ordered pairs x SLEM/TLI/SLRS x 3 settings = 54 tests)
+is too slow for every run; a Latin square of it runs by default (18 tests: every algorithm with every
+setting on two pairs, every pair with every setting), the other 36 are marked ``slow``.
 """
 
 from __future__ import annotations
@@ -24,16 +37,20 @@ from transformers import TemperatureLogitsWarper
 
 import hf_hetspec
 import hf_hetspec.decoding
+from hf_hetspec.intersection import push_forward
+from hf_hetspec.slrs import SLRSCandidateGenerator
 from hf_hetspec.testing import (
     check_lossless,
     chi_square_power,
     exact_target_distribution,
     hetspec_sampler,
+    required_samples,
     sample_outcomes,
     target_sampler,
     transformers_sampler,
     verify_lossless,
 )
+from hf_hetspec.tli import TLICandidateGenerator
 from hf_hetspec.verify import _accepted_prefix, residual_distribution
 
 ALPHA = 1e-3
@@ -42,10 +59,33 @@ REJECT = 1e-6
 #: Ambiguous prompts (see the module docstring), per fixture / real target.
 TOY_PROMPT = {"toy_pair": "the", "toy_pair_reversed": "    "}
 REAL = ["qwen2.5-coder", "smollm2", "gemma3"]
-#: "def": 8-10 outcomes with expected count >= 5 per 1000 for every real target. The SmolLM2 drafter
-#: continues "def" with " load_config" where the Gemma-3 target says " fibonacci": no draft is ever accepted,
-#: so that pair uses "Our" ("Our small garden ..." for both).
-REAL_PROMPT = {("gemma3", "smollm2"): "Our"}
+REAL_PAIRS = list(itertools.permutations(REAL, 2))
+#: Prompts per real (target, drafter) pair (module docstring: chosen by the exact acceptance probability).
+#: TLI: the drafter's likely tokens are shared with the target. SLRS and SLEM: the drafter's likely tokens
+#: are *not* target tokens, so SLRS proposes proper byte-prefixes of them (mass TLI would drop) and SLEM
+#: re-tokenizes drafter text. Qwen2.5-Coder <- SmolLM2 has no such prompt among ~150 tried (SmolLM2's likely
+#: tokens are all Qwen tokens): there SLRS drafts exactly what TLI drafts (same samples at the same seed).
+TLI_PROMPT = {
+    ("qwen2.5-coder", "smollm2"): "Our",
+    ("qwen2.5-coder", "gemma3"): "1",
+    ("smollm2", "qwen2.5-coder"): "1",
+    ("smollm2", "gemma3"): "print",
+    ("gemma3", "qwen2.5-coder"): "Remember",
+    ("gemma3", "smollm2"): "self",
+}
+#: E.g. after "self" the Qwen drafter's likeliest token (q ~ 0.48) is "):\n", which Gemma-3 does not have:
+#: SLRS proposes "):" and accepts ~40%, while TLI's drafter, restricted to the shared tokens, proposes only
+#: tokens outside the Gemma-3 target's top 5 and never accepts
+#: (``test_tli_never_accepts_where_the_drafter_prefers_an_unshared_token``); likewise "The cat" for
+#: Gemma-3 <- SmolLM2.
+STRING_PROMPT = {
+    ("qwen2.5-coder", "smollm2"): "Our",
+    ("qwen2.5-coder", "gemma3"): "の",
+    ("smollm2", "qwen2.5-coder"): "self",
+    ("smollm2", "gemma3"): "我们",
+    ("gemma3", "qwen2.5-coder"): "self",
+    ("gemma3", "smollm2"): "The cat",
+}
 
 T1 = dict(temperature=1.0, top_k=5)
 T07 = dict(temperature=0.7, top_k=5)
@@ -156,6 +196,19 @@ def test_check_lossless_bins_impossible_outcomes_and_calibration():
     assert chi_square_power(2000, 10) > 0.999 and chi_square_power(250, 10) < 0.2
 
 
+def test_required_samples_meets_the_power_bound_with_the_bins_check_lossless_uses():
+    # 4 likely outcomes and 60 rare ones, merged into a fifth bin (each is its own bin only for n >= 1500)
+    expected = {(i,): 0.2 for i in range(4)} | {(10 + i,): 0.2 / 60 for i in range(60)}
+    n = required_samples(expected, tv=0.2, power=0.9)
+    assert n % 25 == 0 and 100 <= n < 2000
+    dof = check_lossless(expected, {o: round(n * p) for o, p in expected.items()}).dof
+    assert chi_square_power(n, dof, 0.2) >= 0.9 > chi_square_power(n - 25, dof, 0.2)
+    assert required_samples(expected, tv=0.1, power=0.9) > n  # a smaller distance needs more samples
+    assert required_samples({(1,): 1.0}) == 2000  # one bin: no size has power, the grid's end is returned
+    with pytest.raises(ValueError, match="tv"):
+        required_samples(expected, tv=0.0)
+
+
 # ---------------------------------------------------------------------------------------------------
 # SLEM is lossless
 # ---------------------------------------------------------------------------------------------------
@@ -172,12 +225,76 @@ def test_slem_sampling_is_lossless_on_toy_pairs(request, pair_name, setting):
     assert sampler.accepted_tokens > 0, "no draft was ever accepted: the acceptance path was not tested"
 
 
-@pytest.mark.parametrize("names", list(itertools.permutations(REAL, 2)), ids="-".join)
-def test_slem_sampling_is_lossless_on_real_vocabularies(real_pair, names):
-    pair = real_pair(*names)
-    report, sampler = _hetspec_report(pair, REAL_PROMPT.get(names, "def"), "slem", n=250, **T1)
+# ---------------------------------------------------------------------------------------------------
+# Every algorithm x every ordered pair of real vocabularies x every sampling setting
+# ---------------------------------------------------------------------------------------------------
+
+REAL_ALGORITHMS = ("slem", "tli", "slrs")
+#: Power of every real-vocabulary test: any sampler at total variation >= POWER_TV from the target (on the
+#: bins) is rejected with probability >= POWER (``required_samples`` picks n from the exact distribution).
+POWER_TV, POWER = 0.2, 0.9
+
+
+def _matrix():
+    """(pair, algorithm, setting) for the whole matrix; a Latin square of it runs by default, the rest is
+    ``slow``: pair ``i`` and algorithm ``a`` run setting ``(i + a) % 3`` by default, so every algorithm meets
+    every setting on two pairs and every pair meets every setting (with some algorithm)."""
+    params = []
+    for i, names in enumerate(REAL_PAIRS):
+        for a, algorithm in enumerate(REAL_ALGORITHMS):
+            for j, setting in enumerate(SETTINGS):
+                marks = () if j == (i + a) % len(SETTINGS) else (pytest.mark.slow,)
+                params.append(pytest.param(names, algorithm, setting, marks=marks,
+                                           id=f"{'-'.join(names)}-{algorithm}-{setting}"))
+    return params
+
+
+_EXACT: dict = {}
+
+
+def _exact(pair, prompt, setting):
+    """``exact_target_distribution`` of the first two tokens, computed once per target, prompt and setting."""
+    key = (id(pair.target), prompt, setting)
+    if key not in _EXACT:
+        _EXACT[key] = exact_target_distribution(pair.target, _ids(pair, prompt), 2, **SETTINGS[setting])
+    return _EXACT[key]
+
+
+def _real_report(pair, names, algorithm, setting, n=None, seed=0):
+    """(report, sampler) on a real pair's prompt; ``n`` defaults to what the power requirement needs."""
+    prompt = (TLI_PROMPT if algorithm == "tli" else STRING_PROMPT)[names]
+    expected = _exact(pair, prompt, setting)
+    n = n or required_samples(expected, POWER_TV, POWER, ALPHA)
+    sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
+                              _ids(pair, prompt), algorithm, 2, **SETTINGS[setting])
+    report = check_lossless(expected, sample_outcomes(sampler, n, seed), ALPHA)
+    report.acceptance_rate = sampler.acceptance_rate
+    return report, sampler
+
+
+@pytest.mark.parametrize("names, algorithm, setting", _matrix())
+def test_sampling_is_lossless_on_real_vocabularies(real_pair, names, algorithm, setting):
+    """SLEM, TLI and SLRS keep the target's distribution on the real vocabularies (tiny random models
+    correlated on the shared text), with the acceptance and the rejection paths both exercised."""
+    report, sampler = _real_report(real_pair(*names), names, algorithm, setting)
     _assert_passes(report)
     assert sampler.accepted_tokens > 0, "no draft was ever accepted: the acceptance path was not tested"
+    assert sampler.accepted_tokens < sampler.drafted_tokens, "no draft was rejected: the residual is untested"
+
+
+def test_tli_never_accepts_where_the_drafter_prefers_an_unshared_token(real_pair):
+    """Why TLI has its own prompts (``TLI_PROMPT``): TLI drafts only shared tokens, and after "self" every
+    shared token the Qwen drafter proposes is outside the Gemma-3 target's top 5 (SLRS accepts there)."""
+    names = ("gemma3", "qwen2.5-coder")
+    pair = real_pair(*names)
+    ids = _ids(pair, STRING_PROMPT[names])
+    sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids,
+                              "tli", 2, **T1)
+    sample_outcomes(sampler, 30, seed=0)
+    assert sampler.drafted_tokens >= 30 and sampler.accepted_tokens == 0
+    unshared = pair.drafter_tokenizer.convert_tokens_to_ids("):\u010a")  # byte-level "):\n"
+    intersection = hf_hetspec.vocabulary_intersection(pair.target_tokenizer, pair.drafter_tokenizer)
+    assert intersection.drafter_to_target[unshared] == -1
 
 
 @pytest.mark.parametrize("pair_name", ["toy_pair", "toy_pair_reversed"])
@@ -256,6 +373,49 @@ def test_rejects_verification_that_skips_the_temperature(toy_pair, monkeypatch):
     monkeypatch.setattr(hf_hetspec.decoding, "_process", without_temperature)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "slem", n=300, temperature=0.5, top_k=5)
     _assert_rejected(report)
+
+
+def test_rejects_tli_whose_q_is_taken_before_the_drafter_warpers(real_pair, monkeypatch):
+    """BROKEN TLI: the draft is drawn from the drafter's distribution after its warpers (temperature 0.7,
+    top-k), but verification gets ``q`` before them. The same pair, prompt and setting pass unbroken in
+    ``test_sampling_is_lossless_on_real_vocabularies[smollm2-gemma3-tli-t0.7]`` (default run). The exact
+    first-token distribution of this broken sampler is at chi-square distance 0.28 per sample (TV 0.26) from
+    the target's: n = 400 puts the expected statistic near 120 (p ~ 1e-20), far from ``REJECT``."""
+    names = ("smollm2", "gemma3")
+
+    def q_before_warpers(self, logits):
+        q = self.drafter_distribution(logits)  # [1, V_drafter], warped: what the draft is drawn from
+        self._probs.append((logits.float() + self.mask).softmax(dim=-1))  # BROKEN: unwarped
+        return torch.multinomial(q, 1, generator=self.generator)
+
+    monkeypatch.setattr(TLICandidateGenerator, "_select", q_before_warpers)
+    report, sampler = _real_report(real_pair(*names), names, "tli", "t0.7", n=400)
+    _assert_rejected(report)
+    assert sampler.accepted_tokens > 0
+
+
+def test_rejects_slrs_whose_psi_counts_only_the_intersection(real_pair, monkeypatch):
+    """BROKEN SLRS: drafts come from the drafter's whole distribution through ``f``, but ``psi`` counts only
+    the drafter tokens shared with the target (renormalized), as if the drafter were restricted like TLI's.
+    Gemma-3 <- Qwen2.5-Coder after "self": the drafter's "):\\n" (not a Gemma-3 token) is proposed as "):",
+    whose ``psi`` then misses ~0.48 of mass. The same pair, prompt and setting pass unbroken in
+    ``test_sampling_is_lossless_on_real_vocabularies[gemma3-qwen2.5-coder-slrs-t1]`` (default run). Exact
+    chi-square distance of the broken sampler's first token: 0.71 per sample (TV 0.42)."""
+    names = ("gemma3", "qwen2.5-coder")
+    pair = real_pair(*names)
+    intersection = hf_hetspec.vocabulary_intersection(pair.target_tokenizer, pair.drafter_tokenizer)
+    shared = intersection.drafter_to_target >= 0  # [V_drafter]
+
+    def psi_over_the_intersection(self, logits):
+        q = self.drafter_distribution(logits)  # [1, V_drafter]: what the draft is drawn from
+        kept = q * shared[: q.shape[-1]].to(q)  # BROKEN: mass outside the intersection dropped
+        kept = kept / kept.sum().clamp_min(torch.finfo(q.dtype).tiny)
+        return q, push_forward(kept, self.map, self.target_size)
+
+    monkeypatch.setattr(SLRSCandidateGenerator, "_psi", psi_over_the_intersection)
+    report, sampler = _real_report(pair, names, "slrs", "t1")
+    _assert_rejected(report)
+    assert sampler.accepted_tokens > 0
 
 
 # ---------------------------------------------------------------------------------------------------
