@@ -444,8 +444,8 @@ def recommend(analysis: PairAnalysis, do_sample: bool, *, acceptance_rate: float
     * under ``MIN_SHARED_DRAFTER`` (1%) of the drafter's ids in the intersection: SLEM (TLI and SLRS would
       have almost nothing to draft);
     * greedy decoding: SLEM. Exact match accepts any drafter token whose text the target would also write,
-      with no intersection to restrict the drafter (measured: README, SLEM 1.92x vs TLI 1.45x and SLRS 1.50x
-      for Qwen2.5-Coder-1.5B + SmolLM2-135M on HumanEval);
+      with no intersection to restrict the drafter (measured with ``benchmarks/algorithms.py``, Qwen2.5-Coder-1.5B
+      + SmolLM2-135M, HumanEval/0-2: SLEM 1.92x vs TLI 1.45x and SLRS 1.50x);
     * sampling: TLI when the target puts at least ``TLI_MIN_TARGET_MASS`` (95%) of its probability on the
       intersection: TLI's acceptance rate is capped by that mass, which then costs at most 5 points, and it
       verifies with plain speculative sampling. Below it, SLRS, which keeps the drafter's mass outside the
