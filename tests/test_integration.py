@@ -341,8 +341,8 @@ def test_generation_config_object_is_honored(toy_pair):
     assert out.tolist() == ref.tolist()
 
 
-@pytest.mark.parametrize("do_sample, expected", [(False, "slem"), (True, "slrs")])
-def test_auto_picks_slem_for_greedy_and_slrs_for_sampling(toy_pair, do_sample, expected):
+@pytest.mark.parametrize("do_sample, expected", [(False, "slem"), (True, "slem")])
+def test_auto_picks_slem_for_different_vocabularies(toy_pair, do_sample, expected):
     """The documented ``auto`` rule for two different vocabularies (identical ones: see the next test)."""
     ids = _ids(toy_pair, toy_pair.prompts[0])
     kwargs = dict(do_sample=True, temperature=1.0, top_k=5) if do_sample else dict(do_sample=False)
