@@ -159,3 +159,19 @@ def real_pair(real_tokenizer, real_model_config):
         return cache[key]
 
     return build
+
+
+class ForwardCounter:
+    """Counts forward calls of ``models`` (a pre-hook on each) until :meth:`close`: proves that a refused call
+    ran no model."""
+
+    def __init__(self, *models):
+        self.count = 0
+        self.handles = [m.register_forward_pre_hook(self._hook) for m in models]
+
+    def _hook(self, module, args):
+        self.count += 1
+
+    def close(self):
+        for h in self.handles:
+            h.remove()

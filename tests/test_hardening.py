@@ -61,6 +61,7 @@ from hf_hetspec.slem import SLEMCandidateGenerator
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.testing import verify_lossless
 from hf_hetspec.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer, tiny_causal_lm
+from conftest import ForwardCounter
 
 ALGORITHMS = ["slem", "tli", "slrs"]
 REAL_PAIRS = {
@@ -154,19 +155,6 @@ class _Recorder(BaseStreamer):
         self.ended = True
 
 
-class _ForwardCounter:
-    def __init__(self, *models):
-        self.count = 0
-        self.handles = [m.register_forward_pre_hook(self._hook) for m in models]
-
-    def _hook(self, module, args):
-        self.count += 1
-
-    def close(self):
-        for h in self.handles:
-            h.remove()
-
-
 def _specials(vocab: Vocabulary, ids) -> list[int]:
     return [i for i in ids if i in vocab.special_ids]
 
@@ -219,7 +207,9 @@ def test_drafter_context_is_prompt_plus_accepted_text(pair, algorithm, contexts)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_one_and_two_token_prompts(pair, algorithm, length):
     ids = _ids(pair, pair.prompts[0])[:, :length]  # for Gemma-style targets the 1-token prompt is <bos> alone
-    _greedy_identical(pair, ids, algorithm, max_new_tokens=12)
+    out, stats = _greedy_identical(pair, ids, algorithm, max_new_tokens=12)  # asserts identity with the target
+    assert out[0, :length].tolist() == ids[0].tolist() and out.shape[1] > length
+    assert stats.target_forwards >= 1 and stats.new_tokens == out.shape[1] - length
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -250,7 +240,7 @@ def test_cache_position_is_treated_as_by_the_target_alone(toy_pair):
     try:
         ref = _reference(toy_pair, ids, cache=False, **kwargs)
     except (ValueError, TypeError) as err:  # transformers 5.23 refuses it: so must we, before any drafting
-        counter = _ForwardCounter(toy_pair.drafter)
+        counter = ForwardCounter(toy_pair.drafter)
         try:
             with pytest.raises(type(err), match="cache_position"):
                 _hetspec(toy_pair, ids, "slem", **kwargs)
@@ -264,7 +254,7 @@ def test_cache_position_is_treated_as_by_the_target_alone(toy_pair):
 @pytest.mark.parametrize("positions", [torch.arange(3), torch.arange(4)[None], torch.arange(3.0)[None]],
                          ids=["1d", "wrong-length", "float"])
 def test_bad_position_ids_are_refused(toy_pair, positions):
-    counter = _ForwardCounter(toy_pair.target, toy_pair.drafter)
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
     try:
         with pytest.raises(ValueError, match="position_ids"):
             _hetspec(toy_pair, torch.tensor([[5, 6, 7]]), "slem", max_new_tokens=3, position_ids=positions)
@@ -558,7 +548,7 @@ BAD_DRAFTER_PROMPTS = [
 @pytest.mark.parametrize("value,error,words", BAD_DRAFTER_PROMPTS,
                          ids=["float", "1d", "batch", "empty", "too-large", "negative", "list"])
 def test_bad_assistant_input_ids_are_refused(toy_pair, value, error, words):
-    counter = _ForwardCounter(toy_pair.target, toy_pair.drafter)
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
     try:
         with pytest.raises(error, match=words) as info:
             _hetspec(toy_pair, torch.tensor([[5, 6, 7]]), "slem", max_new_tokens=3, assistant_input_ids=value)

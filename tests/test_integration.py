@@ -13,6 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
 from hf_hetspec.toy import tiny_causal_lm
+from conftest import ForwardCounter
 
 EDGE_PROMPTS = [
     "def f(x):\n    if x:\n        return x  \n",
@@ -271,19 +272,6 @@ def test_same_tokenizer_with_padded_embeddings_is_standard_speculative_decoding(
 # ---------------------------------------------------------------------------------------------------
 
 
-class _ForwardCounter:
-    def __init__(self, *models):
-        self.count = 0
-        self.handles = [m.register_forward_pre_hook(self._hook) for m in models]
-
-    def _hook(self, module, args):
-        self.count += 1
-
-    def close(self):
-        for h in self.handles:
-            h.remove()
-
-
 BAD_INPUTS = [
     (dict(tokenizer=None), ValueError, "tokenizer"),
     (dict(assistant_tokenizer=None), ValueError, "assistant_tokenizer"),
@@ -310,7 +298,7 @@ def test_bad_input_raises_before_any_work(toy_pair, override, error, words):
     )
     kwargs.update(override)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    counter = _ForwardCounter(toy_pair.target, toy_pair.drafter)
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
     hf_hetspec.enable(toy_pair.target)
     try:
         with pytest.raises(error, match=words):
