@@ -38,6 +38,7 @@ import torch
 
 from .integration import vocabulary
 from .intersection import VocabularyIntersection, intersection_for
+from .tasks import DEFAULT_SPEC_BENCH, read_spec_bench
 
 #: Token ids per span of the injectivity test.
 SPAN_TOKENS = 8
@@ -54,7 +55,6 @@ DEFAULT_LOOKAHEAD = 5
 MAX_LOOKAHEAD = 16
 
 SPEC_BENCH_ENV = "HF_HETSPEC_SPEC_BENCH"
-SPEC_BENCH_DEFAULT = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_dev.jsonl"
 
 #: Used only when neither HumanEval nor Spec-Bench is available (written for this module).
 FALLBACK_TEXTS: tuple[str, ...] = (
@@ -75,9 +75,10 @@ FALLBACK_TEXTS: tuple[str, ...] = (
 
 
 def spec_bench_path() -> Path:
-    """``$HF_HETSPEC_SPEC_BENCH`` if set, else ``<repo>/../shared/data/spec_bench_dev.jsonl``."""
+    """``$HF_HETSPEC_SPEC_BENCH`` if set, else ``<repo>/../shared/data/spec_bench_dev.jsonl`` (the bench's
+    default, :data:`hf_hetspec.tasks.DEFAULT_SPEC_BENCH`)."""
     env = os.environ.get(SPEC_BENCH_ENV)
-    return Path(env).expanduser() if env else SPEC_BENCH_DEFAULT
+    return Path(env).expanduser() if env else DEFAULT_SPEC_BENCH
 
 
 def sample_texts(n: int = DEFAULT_TEXTS) -> list[tuple[str, str]]:
@@ -100,11 +101,8 @@ def sample_texts(n: int = DEFAULT_TEXTS) -> list[tuple[str, str]]:
     path = spec_bench_path()
     if path.is_file():
         by_category: dict[str, list[tuple[str, str]]] = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                turn = row["turns"][0]
-                by_category.setdefault(row["category"], []).append((f"spec_bench/{row['question_id']}", turn))
+        for row in read_spec_bench(path):
+            by_category.setdefault(row["category"], []).append((f"spec_bench/{row['question_id']}", row["turns"][0]))
         queues = list(by_category.values())
         while any(queues):
             for queue in queues:

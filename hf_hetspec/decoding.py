@@ -109,11 +109,11 @@ def speculative_generate(
         k = candidate_ids.shape[1] - n
         with stats.timer("target_s"):
             candidate_ids = candidate_ids.to(device)
-            start = cache.get_seq_length()
-            feed = candidate_ids[:, start:]
+            cached = cache.get_seq_length()
+            feed = candidate_ids[:, cached:]
             extra = {}
             if prompt_positions is not None:
-                extra["position_ids"] = _positions(prompt_positions, start, candidate_ids.shape[1])
+                extra["position_ids"] = _positions(prompt_positions, cached, candidate_ids.shape[1])
             out = target(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=k + 1, **extra)
             logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
             processed = _process(logits_processor, candidate_ids, n, logits)

@@ -60,10 +60,12 @@ class DraftStop:
     The draft ends after a token whose drafter probability is below ``min_confidence`` (transformers'
     ``assistant_confidence_threshold`` rule), or once the product of the drafted tokens' probabilities -- the
     drafter's estimate that the whole draft is accepted -- falls below ``min_joint``. The second rule is a
-    cost rule: drafting one more token costs about ``c`` target forwards (``c`` = drafter step time / target
-    step time) and adds at most that product in expected accepted tokens, so drafting is worth it while the
-    product exceeds ``c``; ``min_joint`` is set near ``c`` (Leviathan et al. 2023, Section 3.4, choose the
-    draft length from the acceptance rate and the cost ratio; here per draft, from the drafter's confidence).
+    cost rule: drafting one more token costs about ``c + v`` target forwards (``c`` = drafter step time /
+    target step time, ``v`` = what one more token adds to the verification forward) and adds at most that
+    product in expected accepted tokens, so drafting is worth it while the product exceeds ``c + v``
+    (Leviathan et al. 2023, Section 3.4, choose the draft length from the acceptance rate and the cost ratio;
+    here per draft, from the drafter's confidence). The drafter's confidence overstates the target's
+    agreement, so the tuned default (``integration.DEFAULT_MIN_JOINT``) sits above ``c + v``.
 
     Both decisions depend on the drafter alone, so they never change the output distribution: the number
     of drafts is a stopping time of the drafter's randomness, and speculative sampling is exact for any

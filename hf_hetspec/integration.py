@@ -22,6 +22,8 @@ Without ``assistant_model`` the call goes to transformers unchanged. Supported: 
 from __future__ import annotations
 
 import inspect
+import math
+import time
 import types
 import weakref
 from typing import Any
@@ -51,10 +53,16 @@ from .stats import DecodingStats
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
 IMPLEMENTED = ("slem", "tli", "slrs")
 DEFAULT_LOOKAHEAD = 5
-DEFAULT_MAX_LOOKAHEAD = 32  # the most drafter tokens per draft under the default schedule
-# default schedule: a draft ends when the drafter's probability that all of it is accepted falls below this
-# (~ drafter step time / target step time; 0.17 for SmolLM2-135M / Qwen2.5-Coder-1.5B in bf16 on CPU)
-DEFAULT_MIN_JOINT = 0.2
+# Default schedule of SLEM: drafts of up to DEFAULT_MAX_LOOKAHEAD drafter
+# tokens, each ended once the drafter's probability that all of it is accepted falls below DEFAULT_MIN_JOINT.
+# Tuned on HumanEval/20-29 (disjoint from the bench's HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B
+# target, bf16 CPU (benchmarks/tune_schedule.py): 0.35/12 ran 2.29x and 2.18x the target alone on the two
+# halves; the former default 0.2/32 2.02x, 0.5/32 2.18x, 0.5/12 2.22x (benchmarks/README.md). The threshold
+# sits above c + v (drafter step 0.165 + marginal verification cost 0.046 target forwards per draft token)
+# because the drafter's confidence overstates how often the target agrees; the cap bounds the cost of
+# verifying long drafts.
+DEFAULT_MAX_LOOKAHEAD = 12
+DEFAULT_MIN_JOINT = 0.35
 MIN_TLI_SHARE = 0.01  # TLI needs at least this share of the drafter's tokens in the intersection
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
@@ -101,6 +109,12 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 
     * ``hetspec_algorithm``: ``"auto"`` (default), ``"slem"``, ``"tli"`` or ``"slrs"``.
     * ``hetspec_generator`` (``torch.Generator`` on the target's device): randomness of a sampled call.
+    * ``hetspec_draft_temperature`` (float >= 0, TLI and SLRS with ``do_sample=True``): how the drafter picks
+      its draft tokens. Default: a sample of its distribution at the call's temperature (Algorithms 3 and 4);
+      ``t > 0``: at temperature ``t`` instead (the call's top-k/top-p still apply); ``0``: its argmax, verified
+      by speculative sampling against the one-hot ``q`` it came from (acceptance ``p(x)``, as with
+      exact-match sampling). The output has the target's distribution whatever the value: only the speed
+      changes (README "Draft temperature").
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by
@@ -172,10 +186,12 @@ class _HetSpecDecoding:
         streamer=None,
         **model_kwargs,
     ):
-        proposer = self.build_proposer(input_ids, generation_config)
+        began = time.perf_counter()
+        proposer = self.build_proposer(input_ids, generation_config)  # converts the drafter's prompt
+        built = time.perf_counter() - began
         if self.streamer is not None:
             self.streamer.put(input_ids.cpu())
-        return speculative_generate(
+        out = speculative_generate(
             model,
             input_ids,
             logits_processor,
@@ -188,6 +204,8 @@ class _HetSpecDecoding:
             past_key_values=model_kwargs.get("past_key_values"),
             position_ids=model_kwargs.get("position_ids"),
         )
+        self.stats.total_s += built  # total_s covers the whole call, as translation_s does
+        return out
 
 
 def _generate(self, *args, **kwargs):
@@ -197,13 +215,15 @@ def _generate(self, *args, **kwargs):
     extra = call.pop("kwargs", {})
     algorithm = extra.pop("hetspec_algorithm", None)
     generator = extra.pop("hetspec_generator", None)
+    draft_temperature = extra.pop("hetspec_draft_temperature", None)
     drafter_prompt = extra.pop("assistant_input_ids", None)
     drafter = call.get("assistant_model")
     original = type(self).generate
     if drafter is None:
-        if algorithm is not None or generator is not None or drafter_prompt is not None:
+        if algorithm is not None or generator is not None or drafter_prompt is not None or draft_temperature is not None:
             raise ValueError(
-                "`hetspec_algorithm`/`hetspec_generator`/`assistant_input_ids` were given without "
+                "`hetspec_algorithm`/`hetspec_generator`/`hetspec_draft_temperature`/`assistant_input_ids` were "
+                "given without "
                 "`assistant_model`: pass the drafter as `assistant_model=` (or drop these arguments for plain "
                 "decoding)."
             )
@@ -213,7 +233,7 @@ def _generate(self, *args, **kwargs):
     drafter_tokenizer = extra.pop("assistant_tokenizer", None)
     algorithm = "auto" if algorithm is None else algorithm
     plan = _validate(self, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator,
-                     drafter_prompt)
+                     drafter_prompt, draft_temperature)
 
     stats = DecodingStats(algorithm=plan["algorithm"], note=plan["note"])
     _LAST_STATS[self] = stats
@@ -251,7 +271,8 @@ def _proposer_factory(plan: dict, target, drafter, stats: DecodingStats, generat
         sampling = bool(generation_config.do_sample)
         common.update(
             sampling=sampling,
-            drafter_processors=_drafter_warpers(generation_config) if sampling else None,
+            greedy_draft=plan["draft_temperature"] == 0,
+            drafter_processors=_drafter_warpers(generation_config, plan["draft_temperature"]) if sampling else None,
             generator=_drafter_generator(generator, model_device(drafter)),
             target_eos_ids=_eos_ids(generation_config),
         )
@@ -272,15 +293,17 @@ def _proposer_factory(plan: dict, target, drafter, stats: DecodingStats, generat
     return build
 
 
-def _drafter_warpers(config: GenerationConfig) -> LogitsProcessorList:
+def _drafter_warpers(config: GenerationConfig, draft_temperature: float | None = None) -> LogitsProcessorList:
     """The call's vocabulary-independent sampling settings, for the drafter's own logits.
 
     Only temperature, top-k and top-p: processors that index token ids (repetition penalty, bad words,
     suppressed or forced tokens) belong to the target's vocabulary and are never applied to the drafter.
+    A positive ``draft_temperature`` replaces the call's temperature (``0``/``None``: the call's).
     """
     warpers = LogitsProcessorList()
-    if config.temperature is not None and config.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(config.temperature))
+    temperature = draft_temperature if draft_temperature else config.temperature
+    if temperature is not None and temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
     if config.top_k is not None and config.top_k != 0:
         warpers.append(TopKLogitsWarper(top_k=config.top_k))
     if config.top_p is not None and config.top_p < 1.0:
@@ -320,11 +343,12 @@ def _input_ids(call: dict, extra: dict) -> torch.Tensor | None:
 
 
 def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer, algorithm, generator,
-              drafter_prompt=None) -> dict:
+              drafter_prompt=None, draft_temperature=None) -> dict:
     """Check a hf_hetspec ``generate()`` call before any work; return the resolved plan.
 
     ``drafter_prompt`` is ``generate(assistant_input_ids=...)``: the same prompt in drafter ids, shape
-    ``(1, m)``, ``m >= 1``, integer ids below ``len(assistant_tokenizer)``.
+    ``(1, m)``, ``m >= 1``, integer ids below ``len(assistant_tokenizer)``. ``draft_temperature`` is
+    ``generate(hetspec_draft_temperature=...)``: ``None`` or a real number >= 0.
 
     Raises:
         ValueError / TypeError / NotImplementedError: with a message naming the argument and the fix.
@@ -449,6 +473,21 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         # 2.26x, SLRS 1.32x, TLI 0.87x. Exact match accepts any tokenization of the drafted text and needs no
         # intersection. Identical vocabularies with sampling: standard speculative sampling (TLI).
         resolved = "tli" if identical and config.do_sample else "slem"
+    if draft_temperature is not None:
+        if isinstance(draft_temperature, bool) or not isinstance(draft_temperature, (int, float)) or not (
+            math.isfinite(draft_temperature) and draft_temperature >= 0
+        ):
+            raise ValueError(
+                f"hetspec_draft_temperature={draft_temperature!r}: use a real number >= 0 (0: the drafter's "
+                "argmax; t > 0: sample the drafter at temperature t; omit it to sample at the call's temperature)."
+            )
+        if draft_temperature > 0 and (resolved == "slem" or not config.do_sample):
+            raise ValueError(
+                f"hetspec_draft_temperature={draft_temperature!r} has no effect here: "
+                + ("SLEM always drafts the drafter's greedy string" if resolved == "slem"
+                   else "a greedy call (do_sample=False) always drafts the drafter's argmax")
+                + "; drop the argument (or pass do_sample=True with hetspec_algorithm='tli'/'slrs')."
+            )
     intersection = None
     if resolved == "tli":
         intersection = intersection_for(target_vocab, drafter_vocab)
@@ -465,8 +504,10 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
                 )
     prefix_map = prefix_map_for(target_vocab, drafter_vocab) if resolved == "slrs" else None
     if default_schedule and resolved != "slem":
-        # token-level drafts: transformers' +2/-1 rule; the confidence stop measured slower there (SmolLM2,
-        # sampling: 1.06x vs 1.26x; Gemma-3 TLI greedy 0.87x), its drafter confidence is not the draft's q
+        # token-level drafts: transformers' +2/-1 rule. The confidence stop measured slower there, with
+        # sampled drafts (SmolLM2, T=1: 1.06x vs 1.26x), greedy drafts at T=1 (HumanEval/20-21: 90.9 s vs
+        # 75.4 s) and greedy TLI (Gemma-3: 0.87x): a drafter token the target would tokenize differently is
+        # rejected however sure the drafter is.
         lookahead, adaptive, min_joint = DEFAULT_LOOKAHEAD, True, 0.0
     note = f"identical vocabularies: standard speculative decoding ({resolved})" if identical else ""
     return {
@@ -474,6 +515,7 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         "lookahead": lookahead,
         "adaptive": adaptive,
         "stop": (min_confidence, min_joint),
+        "draft_temperature": draft_temperature,
         "drafter_prompt": drafter_prompt_ids,
         "note": note,
         "stop_strings": config.stop_strings,

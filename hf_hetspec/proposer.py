@@ -134,7 +134,12 @@ class TokenLevelProposer(HeterogeneousProposer):
         drafter_to_target (``torch.LongTensor`` of shape ``(V_drafter,)``): the map; drafter ids mapped to
             ``-1`` are never drafted (their logits are masked before sampling).
         target_size: ``V_target`` (rows of the target's LM head).
-        sampling: draw drafts from ``q`` (``do_sample=True``), else take the argmax.
+        sampling: verify by speculative sampling (``do_sample=True``), else by exact match.
+        greedy_draft: with ``sampling``, draft the drafter's argmax instead of a sample of ``q``; the draft is
+            then deterministic given the context, ``q`` is one-hot at the drafted token and a draft token ``x``
+            is accepted with probability ``p(x)`` -- the same acceptance as exact-match sampling (SLEM).
+            Speculative sampling is exact for any ``q`` the draft really came from (Leviathan et al. 2023,
+            Thm. 1), so this only changes speed. Ignored without ``sampling`` (drafts are greedy then).
         drafter_processors: vocabulary-independent warpers for the drafter's logits (temperature, top-k,
             top-p of the call); the target's id-indexed processors never touch the drafter.
         generator: randomness for drafting, on the drafter's device (``None`` = global RNG).
@@ -152,6 +157,7 @@ class TokenLevelProposer(HeterogeneousProposer):
         drafter_to_target: torch.Tensor,
         target_size: int,
         sampling: bool,
+        greedy_draft: bool = False,
         drafter_processors: LogitsProcessorList | None = None,
         generator: torch.Generator | None = None,
         target_eos_ids: list[int] | None = None,
@@ -165,6 +171,7 @@ class TokenLevelProposer(HeterogeneousProposer):
         self.mask = torch.where(mapped >= 0, 0.0, float("-inf")).to(device)  # [V_drafter tokens]
         self.target_size = target_size
         self.sampling = sampling
+        self.greedy_draft = greedy_draft or not sampling
         self.processors = drafter_processors or LogitsProcessorList()
         self.generator = generator
         self.target_eos = set(target_eos_ids or [])
@@ -176,3 +183,10 @@ class TokenLevelProposer(HeterogeneousProposer):
         if self.sampling and len(self.processors):
             scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
         return scores.softmax(dim=-1)
+
+    def one_hot_log_q(self, targets: list[int]) -> torch.Tensor:
+        """``log q`` of greedy drafts, ``(1, k, V_target)`` on the drafter's device: 0 at each drafted target
+        id, ``-inf`` elsewhere (``q`` is one-hot: the draft was certain to be that token)."""
+        log_q = torch.full((1, len(targets), self.target_size), float("-inf"), device=self.drafter.device)
+        log_q[0, torch.arange(len(targets), device=log_q.device), torch.tensor(targets, device=log_q.device)] = 0.0
+        return log_q

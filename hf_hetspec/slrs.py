@@ -33,7 +33,9 @@ Drafter tokens that map to no target token (possible only for special tokens wit
 counterpart, e.g. Gemma's ``<unusedN>``) are excluded from sampling: they get probability 0 in ``q``,
 and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the proposals.
 
-Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone).
+Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone). With
+``greedy_draft`` (``hetspec_draft_temperature=0``) a sampled call drafts
+``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn from.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class SLRSCandidateGenerator(TokenLevelProposer):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, drafter_to_target=prefix_map, **kwargs)
         # greedy: the drafter token spelling exactly the proposed target token, to continue without
         # re-tokenizing (sampling knows the drafter token it drew)
-        self.exact_drafter_id = {} if self.sampling else _exact_drafter_ids(target_vocab, drafter_vocab, self.map_list)
+        self.exact_drafter_id = (_exact_drafter_ids(target_vocab, drafter_vocab, self.map_list)
+                                 if self.greedy_draft else {})
 
     def _psi(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q, psi)``: the drafter distribution drafts are drawn from (``(1, V_drafter)``) and its
@@ -92,7 +95,7 @@ class SLRSCandidateGenerator(TokenLevelProposer):
         for _ in range(self.draft_len):
             with self.stats.timer("drafter_s"):
                 q, psi = self._psi(self.drafter.next_logits())
-                if self.sampling:
+                if not self.greedy_draft:
                     d = int(torch.multinomial(q[0], 1, generator=self.generator))
                     t = self.map_list[d]
                     psis.append(psi)
@@ -115,4 +118,6 @@ class SLRSCandidateGenerator(TokenLevelProposer):
                 self.drafter.append_text(text)
         if not self.sampling or not targets:
             return targets, None
+        if self.greedy_draft:
+            return targets, self.one_hot_log_q(targets)
         return targets, torch.cat(psis, dim=0).log()[None]  # [1, k, V_target]

@@ -8,6 +8,8 @@ bytes. The distribution handed to verification is the push-forward ``q(t) = sum_
 over the target vocabulary -- exactly the distribution ``map(d)`` was drawn from -- so standard speculative
 sampling (:func:`~hf_hetspec.verify.verify_speculative_sampling`, Leviathan et al. 2023, Alg. 1) keeps the
 target's distribution. Greedy TLI drafts the argmax over the intersection and is verified by exact match.
+With ``greedy_draft`` (``hetspec_draft_temperature=0``) a sampled call drafts that
+argmax too and verifies it by speculative sampling with the one-hot ``q`` it was drawn from.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class TLICandidateGenerator(TokenLevelProposer):
         self._probs: list[torch.Tensor] = []
 
     def _select(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.sampling:
+        if self.greedy_draft:
             return (logits.float() + self.mask).argmax(dim=-1, keepdim=True)
         q = self.drafter_distribution(logits)
         self._probs.append(q)
@@ -55,5 +57,7 @@ class TLICandidateGenerator(TokenLevelProposer):
                 self.drafter.discard_draft_after(k)
             if not self.sampling or k == 0:
                 return targets[:k], None
+            if self.greedy_draft:
+                return targets[:k], self.one_hot_log_q(targets[:k])
             q = push_forward(torch.cat(self._probs[:k], dim=0), self.map, self.target_size)  # [k, V_target]
             return targets[:k], q.log()[None]

@@ -4,6 +4,7 @@ Every expected value comes from the target alone (``target.generate`` without a 
 """
 
 import copy
+import time
 import itertools
 
 import pytest
@@ -99,7 +100,9 @@ def test_chat_template_prompt_keeps_special_tokens(real_pair):
 
 def test_stats_follow_the_documented_conventions(toy_pair):
     ids = _ids(toy_pair, toy_pair.prompts[0])
+    began = time.perf_counter()
     out = _hetspec(toy_pair, ids, max_new_tokens=30, do_sample=False)
+    wall = time.perf_counter() - began
     s = hf_hetspec.last_stats(toy_pair.target)
     assert s.new_tokens == out.shape[1] - ids.shape[1] == 30
     assert s.algorithm == "slem"
@@ -107,7 +110,10 @@ def test_stats_follow_the_documented_conventions(toy_pair):
     assert s.acceptance_rate == pytest.approx(s.accepted_tokens / s.drafted_tokens)
     assert s.mean_accepted_per_forward == pytest.approx(s.new_tokens / s.target_forwards)
     assert s.target_forwards < s.new_tokens
-    assert s.drafter_s > 0 and s.target_s > 0 and s.translation_s > 0 and s.total_s >= s.target_s
+    assert s.drafter_s > 0 and s.target_s > 0 and s.translation_s > 0
+    # the three parts are disjoint timers inside the decoding loop, which runs within the call
+    assert s.drafter_s + s.target_s + s.translation_s <= s.total_s <= wall
+    assert s.tokens_per_second == pytest.approx(30 / s.total_s)
     assert set(s.as_dict()) >= {"target_forwards", "drafted_tokens", "accepted_tokens", "acceptance_rate",
                                 "mean_accepted_per_forward", "drafter_s", "target_s", "translation_s"}
 
@@ -201,6 +207,41 @@ def test_fixed_lookahead_is_honored(toy_pair):
     assert set(hf_hetspec.last_stats(toy_pair.target).lookaheads) == {3}
 
 
+def test_default_schedules(toy_pair):
+    """SLEM by default: drafts of at most DEFAULT_MAX_LOOKAHEAD drafter tokens (ended earlier by the
+    drafter's joint confidence, see test_draft_stop); TLI by default: transformers' +2/-1 rule starting at
+    DEFAULT_LOOKAHEAD."""
+    from hf_hetspec import integration
+
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    ref = _reference(toy_pair, ids, max_new_tokens=40, do_sample=False)
+    out = _hetspec(toy_pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm="slem")
+    assert out.tolist() == ref.tolist()
+    stats = hf_hetspec.last_stats(toy_pair.target)
+    assert set(stats.lookaheads) == {integration.DEFAULT_MAX_LOOKAHEAD}
+    assert stats.drafter_forwards <= stats.target_forwards * integration.DEFAULT_MAX_LOOKAHEAD
+    out = _hetspec(toy_pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm="tli")
+    assert out.tolist() == ref.tolist()
+    lookaheads = hf_hetspec.last_stats(toy_pair.target).lookaheads
+    assert lookaheads[0] == integration.DEFAULT_LOOKAHEAD and len(set(lookaheads)) > 1
+    assert all(abs(b - a) in (1, 2) or b == a for a, b in zip(lookaheads, lookaheads[1:]))
+
+
+def test_draft_stop():
+    """DraftStop ends a draft after a token below min_confidence or once the running product of the
+    drafted tokens' probabilities falls below min_joint; reset() starts a new draft."""
+    from hf_hetspec.drafter import DraftStop
+
+    stop = DraftStop(min_joint=0.35)
+    # running products 0.9, 0.72, 0.432, 0.3888, 0.2722: the fifth token ends the draft
+    assert [stop(p) for p in (0.9, 0.8, 0.6, 0.9, 0.7)] == [False, False, False, False, True]
+    stop.reset()
+    assert stop(0.9) is False and stop.joint == pytest.approx(0.9)
+    per_token = DraftStop(min_confidence=0.5)
+    assert [per_token(p) for p in (0.9, 0.9, 0.4)] == [False, False, True]
+    assert not DraftStop() and DraftStop(min_joint=0.1) and DraftStop(min_confidence=0.1)
+
+
 def test_drafter_in_another_dtype(toy_pair):
     pair = copy.copy(toy_pair)
     pair.drafter = copy.deepcopy(toy_pair.drafter).to(torch.bfloat16)
@@ -284,10 +325,18 @@ BAD_INPUTS = [
     (dict(attention_mask=torch.tensor([[0, 1, 1]])), NotImplementedError, "attention_mask"),
     (dict(use_cache=False), ValueError, "use_cache"),
     (dict(hetspec_generator="seed"), TypeError, "hetspec_generator"),
+    (dict(hetspec_draft_temperature=-0.5, hetspec_algorithm="tli", do_sample=True), ValueError,
+     "hetspec_draft_temperature=-0.5.*>= 0"),
+    (dict(hetspec_draft_temperature="hot", hetspec_algorithm="slrs", do_sample=True), ValueError,
+     "hetspec_draft_temperature='hot'"),
+    (dict(hetspec_draft_temperature=0.7, hetspec_algorithm="slem", do_sample=True), ValueError,
+     "hetspec_draft_temperature=0.7 has no effect.*SLEM"),
+    (dict(hetspec_draft_temperature=0.7, hetspec_algorithm="tli"), ValueError,
+     "hetspec_draft_temperature=0.7 has no effect.*greedy call"),
 ]
 
 
-@pytest.mark.parametrize("override,error,words", BAD_INPUTS, ids=[b[2] for b in BAD_INPUTS])
+@pytest.mark.parametrize("override,error,words", BAD_INPUTS, ids=[b[2].split(".*")[0] for b in BAD_INPUTS])
 def test_bad_input_raises_before_any_work(toy_pair, override, error, words):
     kwargs = dict(
         input_ids=torch.tensor([[5, 6, 7]]),

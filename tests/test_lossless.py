@@ -38,6 +38,7 @@ from transformers import TemperatureLogitsWarper
 import hf_hetspec
 import hf_hetspec.decoding
 from hf_hetspec.intersection import push_forward
+from hf_hetspec.proposer import TokenLevelProposer
 from hf_hetspec.slrs import SLRSCandidateGenerator
 from hf_hetspec.testing import (
     check_lossless,
@@ -100,7 +101,8 @@ def _ids(pair, text):
 def _hetspec_report(pair, prompt, algorithm, n, seed=0, **setting):
     """(report, sampler) for hf_hetspec with ``algorithm`` on one prompt and sampling setting."""
     ids = _ids(pair, prompt)
-    expected = exact_target_distribution(pair.target, ids, 2, **setting)
+    target_setting = {k: v for k, v in setting.items() if not k.startswith("hetspec_")}
+    expected = exact_target_distribution(pair.target, ids, 2, **target_setting)
     sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids,
                               algorithm, 2, **setting)
     report = check_lossless(expected, sample_outcomes(sampler, n, seed), ALPHA)
@@ -235,18 +237,31 @@ REAL_ALGORITHMS = ("slem", "tli", "slrs")
 POWER_TV, POWER = 0.2, 0.9
 
 
+#: How TLI and SLRS pick draft tokens when sampling: a sample of ``q`` at the call's temperature (the
+#: default: no ``hetspec_draft_temperature``) or the drafter's argmax with a one-hot ``q`` (``0``).
+DRAFTS = {"sampled-draft": None, "greedy-draft": 0.0}
+
+
 def _matrix():
-    """(pair, algorithm, setting) for the whole matrix; a Latin square of it runs by default, the rest is
-    ``slow``: pair ``i`` and algorithm ``a`` run setting ``(i + a) % 3`` by default, so every algorithm meets
-    every setting on two pairs and every pair meets every setting (with some algorithm)."""
+    """(pair, algorithm, draft, setting) for the whole matrix; a Latin square of it runs by default, the rest
+    is ``slow``: pair ``i`` and algorithm ``a`` run setting ``(i + a + d) % 3`` by default (``d`` = 0 for
+    sampled drafts, 1 for greedy ones), so every algorithm meets every setting on two pairs in each draft
+    mode and every pair meets every setting (with some algorithm). SLEM always drafts greedily."""
     params = []
     for i, names in enumerate(REAL_PAIRS):
         for a, algorithm in enumerate(REAL_ALGORITHMS):
-            for j, setting in enumerate(SETTINGS):
-                marks = () if j == (i + a) % len(SETTINGS) else (pytest.mark.slow,)
-                params.append(pytest.param(names, algorithm, setting, marks=marks,
-                                           id=f"{'-'.join(names)}-{algorithm}-{setting}"))
+            for d, draft in enumerate(DRAFTS if algorithm != "slem" else ["sampled-draft"]):
+                for j, setting in enumerate(SETTINGS):
+                    marks = () if j == (i + a + d) % len(SETTINGS) else (pytest.mark.slow,)
+                    label = f"{'-'.join(names)}-{algorithm}-{setting}" + ("-greedy-draft" if d else "")
+                    params.append(pytest.param(names, algorithm, draft, setting, marks=marks, id=label))
     return params
+
+
+def _draft_kwargs(draft: str) -> dict:
+    """``generate()`` kwargs selecting the draft mode (none for the default, sampled drafts)."""
+    value = DRAFTS[draft]
+    return {} if value is None else {"hetspec_draft_temperature": value}
 
 
 _EXACT: dict = {}
@@ -260,23 +275,25 @@ def _exact(pair, prompt, setting):
     return _EXACT[key]
 
 
-def _real_report(pair, names, algorithm, setting, n=None, seed=0):
+def _real_report(pair, names, algorithm, setting, n=None, seed=0, draft="sampled-draft"):
     """(report, sampler) on a real pair's prompt; ``n`` defaults to what the power requirement needs."""
     prompt = (TLI_PROMPT if algorithm == "tli" else STRING_PROMPT)[names]
     expected = _exact(pair, prompt, setting)
     n = n or required_samples(expected, POWER_TV, POWER, ALPHA)
+    extra = _draft_kwargs(draft) if algorithm != "slem" else {}
     sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
-                              _ids(pair, prompt), algorithm, 2, **SETTINGS[setting])
+                              _ids(pair, prompt), algorithm, 2, **SETTINGS[setting], **extra)
     report = check_lossless(expected, sample_outcomes(sampler, n, seed), ALPHA)
     report.acceptance_rate = sampler.acceptance_rate
     return report, sampler
 
 
-@pytest.mark.parametrize("names, algorithm, setting", _matrix())
-def test_sampling_is_lossless_on_real_vocabularies(real_pair, names, algorithm, setting):
+@pytest.mark.parametrize("names, algorithm, draft, setting", _matrix())
+def test_sampling_is_lossless_on_real_vocabularies(real_pair, names, algorithm, draft, setting):
     """SLEM, TLI and SLRS keep the target's distribution on the real vocabularies (tiny random models
-    correlated on the shared text), with the acceptance and the rejection paths both exercised."""
-    report, sampler = _real_report(real_pair(*names), names, algorithm, setting)
+    correlated on the shared text), with greedy and sampled drafts, with the acceptance and the rejection
+    paths both exercised."""
+    report, sampler = _real_report(real_pair(*names), names, algorithm, setting, draft=draft)
     _assert_passes(report)
     assert sampler.accepted_tokens > 0, "no draft was ever accepted: the acceptance path was not tested"
     assert sampler.accepted_tokens < sampler.drafted_tokens, "no draft was rejected: the residual is untested"
@@ -351,12 +368,13 @@ def test_rejects_exact_match_that_accepts_every_draft(toy_pair, monkeypatch):
     _assert_rejected(report)
 
 
-def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, monkeypatch):
+@pytest.mark.parametrize("draft", ["sampled-draft", "greedy-draft"])
+def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, monkeypatch, draft):
     assert torch.allclose(residual_distribution(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])),
                           torch.tensor([0.0, 1.0]))
     monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
     try:
-        report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500, **T1)
+        report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500, **_draft_kwargs(draft), **T1)
     except NotImplementedError as err:
         pytest.skip(f"tli: {err}")
     _assert_rejected(report)
@@ -414,6 +432,26 @@ def test_rejects_slrs_whose_psi_counts_only_the_intersection(real_pair, monkeypa
 
     monkeypatch.setattr(SLRSCandidateGenerator, "_psi", psi_over_the_intersection)
     report, sampler = _real_report(pair, names, "slrs", "t1")
+    _assert_rejected(report)
+    assert sampler.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slrs"])
+def test_rejects_greedy_drafts_verified_as_if_they_were_sampled(real_pair, monkeypatch, algorithm):
+    """BROKEN greedy drafting: the draft is the drafter's argmax (certain), but verification is told
+    ``q(x) = 1/2`` (the other half spread over the rest of the vocabulary), so a draft token is accepted
+    with probability ``min(1, 2 p(x))`` instead of ``p(x)``. The same pairs, prompts and setting pass
+    unbroken in the ``-greedy-draft`` cells of ``test_sampling_is_lossless_on_real_vocabularies``."""
+    names = ("qwen2.5-coder", "smollm2") if algorithm == "tli" else ("gemma3", "qwen2.5-coder")
+
+    original = TokenLevelProposer.one_hot_log_q
+
+    def half_sure(self, targets):
+        one_hot = original(self, targets).exp()  # [1, k, V_target]
+        return (0.5 * one_hot + 0.5 * (1 - one_hot) / (one_hot.shape[-1] - 1)).log()  # BROKEN
+
+    monkeypatch.setattr(TokenLevelProposer, "one_hot_log_q", half_sure)
+    report, sampler = _real_report(real_pair(*names), names, algorithm, "t1", draft="greedy-draft")
     _assert_rejected(report)
     assert sampler.accepted_tokens > 0
 

@@ -1,0 +1,94 @@
+"""Tune SLEM's default draft schedule: joint-confidence threshold and lookahead cap, against the target alone.
+
+The default schedule (``hf_hetspec.integration.DEFAULT_MIN_JOINT`` / ``DEFAULT_MAX_LOOKAHEAD``) ends a draft
+once the drafter's probability that the whole draft is accepted falls below the threshold, or at the cap
+(``hf_hetspec.drafter.DraftStop``). This script runs, interleaved per prompt, the target alone and SLEM under
+each candidate schedule (or a fixed lookahead ``k``), greedy, and prints tokens/s and the speedup over the
+target alone summed over the prompts. Tune on prompts the bench does not report (the bench reports
+HumanEval/0-9), e.g.::
+
+    python benchmarks/tune_schedule.py --first 20 --last 25 --schedules 0.2/32 0.35/12 0.5/12 k4 k6
+    python benchmarks/tune_schedule.py --first 25 --last 30 --schedules 0.35/12 0.5/12 0.35/8 0.25/10 0.2/12
+
+``J/M`` = threshold ``J`` with cap ``M``; ``kN`` = exactly ``N`` drafter tokens per draft. The results behind
+the defaults are in ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from hf_hetspec import integration, zoo
+from hf_hetspec.prompts import code_prompts
+from hf_hetspec.runner import Runner
+from hf_hetspec.tasks import chat_ids
+
+
+def parse_schedule(text: str) -> dict:
+    """``"J/M"`` -> ``{"joint": J, "max": M}``; ``"kN"`` -> ``{"k": N}``.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    try:
+        if text.startswith("k"):
+            return {"k": int(text[1:])}
+        joint, cap = text.split("/")
+        return {"joint": float(joint), "max": int(cap)}
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: use J/M (e.g. 0.35/12) or kN (e.g. k4)") from err
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--drafter", default="smollm2-135m-instruct")
+    parser.add_argument("--first", type=int, default=20, help="first HumanEval problem (default 20)")
+    parser.add_argument("--last", type=int, default=25, help="one past the last HumanEval problem (default 25)")
+    parser.add_argument("--schedules", nargs="+", type=parse_schedule, required=True, metavar="J/M|kN")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    target, target_tok = zoo.load(args.target, dtype=args.dtype)
+    drafter, drafter_tok = zoo.load(args.drafter, dtype=args.dtype)
+    names = ["target"] + [f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}" for s in args.schedules]
+    totals = {name: [0, 0.0, 0, 0] for name in names}  # new tokens, seconds, target forwards, drafted tokens
+    saved = integration.DEFAULT_MIN_JOINT, integration.DEFAULT_MAX_LOOKAHEAD
+    try:
+        for prompt in code_prompts(args.last)[args.first:]:
+            ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
+            for name, schedule in zip(names, [None] + args.schedules):
+                runner = Runner(target, target_tok, drafter, drafter_tok, algorithm="slem",
+                                max_new_tokens=args.max_new_tokens, lookahead=(schedule or {}).get("k"))
+                if schedule is None:
+                    run = runner.target_alone(ids)
+                else:
+                    integration.DEFAULT_MIN_JOINT = schedule.get("joint", saved[0])
+                    integration.DEFAULT_MAX_LOOKAHEAD = schedule.get("max", saved[1])
+                    run = runner.hetspec(ids)
+                total = totals[name]
+                total[0] += run.new_tokens
+                total[1] += run.seconds
+                total[2] += run.target_forwards or 0
+                total[3] += run.drafted_tokens or 0
+                print(f"{prompt.prompt_id} {name}: {run.new_tokens} tokens in {run.seconds:.1f} s, "
+                      f"{run.target_forwards} target forwards, {run.drafted_tokens} drafted", flush=True)
+    finally:
+        integration.DEFAULT_MIN_JOINT, integration.DEFAULT_MAX_LOOKAHEAD = saved
+    base = totals["target"][0] / totals["target"][1]
+    print("\n| schedule | tokens/s | speedup | tokens/forward | drafted/forward |\n|---|---|---|---|---|")
+    for name, (tokens, seconds, forwards, drafted) in totals.items():
+        rate = tokens / seconds
+        print(f"| {name} | {rate:.2f} | {rate / base:.2f}x | {tokens / max(forwards, 1):.2f} | "
+              f"{drafted / max(forwards, 1):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
