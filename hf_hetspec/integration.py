@@ -53,8 +53,8 @@ from .stats import DecodingStats
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
 IMPLEMENTED = ("slem", "tli", "slrs")
 DEFAULT_LOOKAHEAD = 5
-# Default schedule of SLEM: drafts of up to DEFAULT_MAX_LOOKAHEAD drafter
-# tokens, each ended once the drafter's probability that all of it is accepted falls below DEFAULT_MIN_JOINT.
+# Default schedule of SLEM: drafts of up to DEFAULT_MAX_LOOKAHEAD drafter tokens, each ended once the
+# drafter's probability that all of it is accepted falls below DEFAULT_MIN_JOINT.
 # Tuned on HumanEval/20-29 (disjoint from the bench's HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B
 # target, bf16 CPU (benchmarks/tune_schedule.py): 0.35/12 ran 2.29x and 2.18x the target alone on the two
 # halves; the former default 0.2/32 2.02x, 0.5/32 2.18x, 0.5/12 2.22x (benchmarks/README.md). The threshold
@@ -220,12 +220,11 @@ def _generate(self, *args, **kwargs):
     drafter = call.get("assistant_model")
     original = type(self).generate
     if drafter is None:
-        if algorithm is not None or generator is not None or drafter_prompt is not None or draft_temperature is not None:
+        if any(value is not None for value in (algorithm, generator, draft_temperature, drafter_prompt)):
             raise ValueError(
                 "`hetspec_algorithm`/`hetspec_generator`/`hetspec_draft_temperature`/`assistant_input_ids` were "
-                "given without "
-                "`assistant_model`: pass the drafter as `assistant_model=` (or drop these arguments for plain "
-                "decoding)."
+                "given without `assistant_model`: pass the drafter as `assistant_model=` (or drop these "
+                "arguments for plain decoding)."
             )
         return original(self, **call, **extra)
 
@@ -442,10 +441,7 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{name}={value!r}: the lookahead must be a positive integer.")
 
-    # The draft-length schedule. Default: drafts of up to DEFAULT_MAX_LOOKAHEAD drafter tokens, each ended
-    # once the drafter's probability that the whole draft is accepted falls below DEFAULT_MIN_JOINT (~ the
-    # drafter/target cost ratio, see drafter.DraftStop). num_assistant_tokens alone: exactly that many;
-    # a heuristic schedule: transformers' +2/-1 rule; assistant_confidence_threshold: per-token cut-off.
+    # the user's draft-length settings (the schedule is decided once the algorithm is known, below)
     threshold = _user_value(call, extra, "assistant_confidence_threshold")
     if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
         raise ValueError(
@@ -454,11 +450,6 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         )
     explicit = _user_value(call, extra, "num_assistant_tokens")
     schedule = _user_value(call, extra, "num_assistant_tokens_schedule")
-    default_schedule = explicit is None and schedule is None
-    lookahead = explicit if explicit is not None else DEFAULT_MAX_LOOKAHEAD if default_schedule else DEFAULT_LOOKAHEAD
-    adaptive = schedule in ("heuristic", "heuristic_transient")
-    min_joint = DEFAULT_MIN_JOINT if default_schedule and threshold is None else 0.0
-    min_confidence = float(threshold or 0.0)
 
     # identical when every id spells the same bytes and the same ids are special (never by vocab_size);
     # the byte tables are cached per tokenizer, so this costs one list comparison per call
@@ -503,7 +494,17 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
                     f"{getattr(drafter_tokenizer, 'name_or_path', 'drafter')}); use hetspec_algorithm='slem'."
                 )
     prefix_map = prefix_map_for(target_vocab, drafter_vocab) if resolved == "slrs" else None
-    if default_schedule and resolved != "slem":
+    # The draft-length schedule. num_assistant_tokens alone: exactly that many; a heuristic schedule:
+    # transformers' +2/-1 rule; assistant_confidence_threshold: a per-token cut-off on top. By default SLEM
+    # drafts up to DEFAULT_MAX_LOOKAHEAD drafter tokens, each draft ended once the drafter's probability that
+    # all of it is accepted falls below DEFAULT_MIN_JOINT (drafter.DraftStop).
+    if explicit is not None or schedule is not None:
+        lookahead = explicit if explicit is not None else DEFAULT_LOOKAHEAD
+        adaptive, min_joint = schedule in ("heuristic", "heuristic_transient"), 0.0
+    elif resolved == "slem":
+        lookahead, adaptive = DEFAULT_MAX_LOOKAHEAD, False
+        min_joint = DEFAULT_MIN_JOINT if threshold is None else 0.0
+    else:
         # token-level drafts: transformers' +2/-1 rule. The confidence stop measured slower there, with
         # sampled drafts (SmolLM2, T=1: 1.06x vs 1.26x), greedy drafts at T=1 (HumanEval/20-21: 90.9 s vs
         # 75.4 s) and greedy TLI (Gemma-3: 0.87x): a drafter token the target would tokenize differently is
@@ -514,7 +515,7 @@ def _validate(target, call, extra, drafter, target_tokenizer, drafter_tokenizer,
         "algorithm": resolved,
         "lookahead": lookahead,
         "adaptive": adaptive,
-        "stop": (min_confidence, min_joint),
+        "stop": (float(threshold or 0.0), min_joint),
         "draft_temperature": draft_temperature,
         "drafter_prompt": drafter_prompt_ids,
         "note": note,
