@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
+import weakref
 from typing import Callable
 
 import torch
@@ -52,6 +53,76 @@ def rollback_cache(cache: DynamicCache, length: int) -> None:
 def model_device(model: PreTrainedModel) -> torch.device:
     """Device of the input embeddings (the first shard of a model split with ``device_map``)."""
     return model.get_input_embeddings().weight.device
+
+
+#: A pruned LM head is used only when it keeps at most this share of the drafter's rows (below it, the copy of
+#: the kept rows costs memory for little time).
+PRUNE_MAX_SHARE = 0.8
+
+_HEAD_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PRUNED_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _head_is_linear(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s logits are exactly ``linear(decoder(x).last_hidden_state, lm_head)``: checked once per
+    model on a 3-token input (no softcapping, logit scaling or other post-processing we would miss)."""
+    if model in _HEAD_CHECKED:
+        return _HEAD_CHECKED[model]
+    ok = False
+    head = model.get_output_embeddings()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if isinstance(head, torch.nn.Linear) and decoder is not None and decoder is not model:
+        ids = torch.tensor([[1, 2, 3]], device=model_device(model))
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+            hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0, -1].to(head.weight.device)
+            mine = torch.nn.functional.linear(hidden, head.weight, head.bias).float().to(full.device)
+        ok = full.shape == mine.shape and torch.allclose(full, mine, rtol=1e-2, atol=1e-2 * float(full.abs().max()))
+    _HEAD_CHECKED[model] = ok
+    return ok
+
+
+class PrunedHead:
+    """The drafter's LM head restricted to the rows ``rows`` (drafter ids, ascending): logits of only the
+    tokens a token-level algorithm may draft (TLI's vocabulary intersection). Restricting the next-token
+    distribution to those rows and renormalizing is what TLI does anyway (Timor et al. 2025, Algorithm 4),
+    so computing only their logits changes nothing but the cost: the head of Gemma-3-270M is 262,144 x 640,
+    about half of a drafter step on CPU. transformers' universal speculative decoding prunes the same way.
+
+    The kept rows are copied once per drafter and row set (and cached while the drafter lives); the drafter
+    itself is never changed.
+
+    Args:
+        model: the drafter.
+        rows (``torch.LongTensor`` of shape ``(R,)``): drafter ids to keep, ascending.
+    """
+
+    def __init__(self, model: PreTrainedModel, rows: torch.Tensor):
+        head = model.get_output_embeddings()
+        self.decoder = model.get_decoder()
+        per_model = _PRUNED_HEADS.setdefault(model, {})
+        key = (rows.shape[0], hash(tuple(rows.tolist())))
+        if key not in per_model:
+            index = rows.to(head.weight.device)
+            bias = None if head.bias is None else head.bias[index].contiguous()
+            per_model[key] = (head.weight[index].contiguous(), bias)
+        self.weight, self.bias = per_model[key]
+        self.rows = rows.to(model_device(model))
+
+    @classmethod
+    def build(cls, model: PreTrainedModel, rows: torch.Tensor, n_tokens: int) -> "PrunedHead | None":
+        """A pruned head when it pays (``len(rows) <= PRUNE_MAX_SHARE * n_tokens``) and the model's logits are a
+        plain linear head over its decoder's last hidden state; else ``None`` (the full head is used: slower,
+        same output)."""
+        if rows.numel() == 0 or rows.numel() > PRUNE_MAX_SHARE * n_tokens or not _head_is_linear(model):
+            return None
+        return cls(model, rows)
+
+    def __call__(self, feed: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """Logits of the kept rows for the last position of ``feed`` (``(1, R)``, float32 accumulation as the
+        head's dtype gives)."""
+        hidden = self.decoder(input_ids=feed, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        return torch.nn.functional.linear(hidden.to(self.weight.device), self.weight, self.bias)
 
 
 class DraftStop:
@@ -133,6 +204,7 @@ class DrafterContext:
         # padded rows of the LM head are no tokens: never draft them
         self.n_tokens = len(vocab.tokenizer)
         self.cache = self._new_cache()
+        self.head: PrunedHead | None = None
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.forwards = 0
         self.capacity = max_positions(model)
@@ -212,8 +284,8 @@ class DrafterContext:
         Args:
             n_tokens: the most drafter forwards (the lookahead, in drafter tokens), >= 1.
             select: maps the next-token logits (``torch.FloatTensor`` of shape ``(1, V_drafter)``, padded
-                rows of the LM head cut off) to the
-                chosen token (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device.
+                rows of the LM head cut off; ``(1, R)`` after :meth:`restrict_head`) to the chosen drafter token
+                id (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device.
             stop: ends the draft early from the drafter's confidence (:class:`DraftStop`); ``None`` drafts
                 ``n_tokens``. Costs one host sync per token when given.
 
@@ -232,7 +304,8 @@ class DrafterContext:
             feed = select(logits)
             chosen.append(feed)
             if stop is not None and i + 1 < n_tokens:
-                if stop(float(logits.float().softmax(dim=-1).gather(-1, feed))):
+                column = feed if self.head is None else torch.searchsorted(self.head.rows, feed)
+                if stop(float(logits.float().softmax(dim=-1).gather(-1, column))):
                     break
         drafted = torch.cat(chosen, dim=1)[0].tolist()  # one host sync per draft
         self.ids.extend(drafted)
@@ -254,13 +327,24 @@ class DrafterContext:
         """The tokens not yet in the KV cache, ``(1, m)`` on the drafter's device (``m >= 1``)."""
         return torch.tensor([self.ids[self.cache.get_seq_length() :]], device=self.device)
 
+    def restrict_head(self, rows: torch.Tensor) -> bool:
+        """From now on compute logits only for the drafter ids ``rows`` (ascending ``torch.LongTensor``), when
+        :meth:`PrunedHead.build` finds that it pays and is exact. Returns whether it does; logits from
+        :meth:`draft` and :meth:`next_logits` are then ``(1, len(rows))``, column ``j`` being drafter id
+        ``rows[j]``."""
+        self.head = PrunedHead.build(self.model, rows, self.n_tokens)
+        return self.head is not None
+
     def _forward(self, feed: torch.Tensor) -> torch.Tensor:
-        """Feed ``feed`` (``(1, m)``) through the drafter with its cache; next-token logits, padded rows cut."""
+        """Feed ``feed`` (``(1, m)``) through the drafter with its cache; next-token logits, padded rows cut
+        (only the kept rows after :meth:`restrict_head`)."""
         if self.capacity is not None and self.cache.get_seq_length() + feed.shape[1] > self.capacity:
             raise DrafterContextFull(f"the drafter holds at most {self.capacity} positions")
+        self.forwards += 1
+        if self.head is not None:
+            return self.head(feed, self.cache)
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
-        self.forwards += 1
         return out.logits[:, -1, : self.n_tokens]
 
     def append_text(self, text: str) -> None:

@@ -144,6 +144,10 @@ class TokenLevelProposer(HeterogeneousProposer):
             top-p of the call); the target's id-indexed processors never touch the drafter.
         generator: randomness for drafting, on the drafter's device (``None`` = global RNG).
         target_eos_ids: a draft ends after the first of these.
+        prune_head: compute the drafter's logits only for the mapped drafter ids
+            (:meth:`~hf_hetspec.drafter.DrafterContext.restrict_head`) -- exact when unmapped ids are never
+            drafted anyway (TLI). ``rows`` is then the drafter id of each logits column, else ``None``
+            (column = drafter id).
         other arguments: as :class:`HeterogeneousProposer`.
     """
 
@@ -161,14 +165,22 @@ class TokenLevelProposer(HeterogeneousProposer):
         drafter_processors: LogitsProcessorList | None = None,
         generator: torch.Generator | None = None,
         target_eos_ids: list[int] | None = None,
+        prune_head: bool = False,
         **kwargs,
     ):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, **kwargs)
         device = self.drafter.device
         mapped = drafter_to_target[: self.drafter.n_tokens]
-        self.map = mapped.to(device)
-        self.map_list = mapped.tolist()
-        self.mask = torch.where(mapped >= 0, 0.0, float("-inf")).to(device)  # [V_drafter tokens]
+        self.map_list = mapped.tolist()  # indexed by drafter id
+        # columns of the drafter's logits: every drafter id, or only the mapped ones with a pruned LM head
+        self.rows: torch.Tensor | None = None
+        kept = (mapped >= 0).nonzero().squeeze(1)
+        if prune_head and self.drafter.restrict_head(kept):
+            self.rows = self.drafter.head.rows
+            self.stats.drafter_head_rows = int(kept.numel())
+            mapped = mapped[kept]
+        self.map = mapped.to(device)  # [columns] -> target id
+        self.mask = torch.where(mapped >= 0, 0.0, float("-inf")).to(device)  # [columns]
         self.target_size = target_size
         self.sampling = sampling
         self.greedy_draft = greedy_draft or not sampling
@@ -176,9 +188,14 @@ class TokenLevelProposer(HeterogeneousProposer):
         self.generator = generator
         self.target_eos = set(target_eos_ids or [])
 
+    def drafter_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        """Drafter token ids of logits columns (same shape)."""
+        return columns if self.rows is None else self.rows[columns]
+
     def drafter_distribution(self, logits: torch.Tensor) -> torch.Tensor:
-        """``q``: the distribution drafts are drawn from (``(1, V_drafter)``), from the drafter's logits:
-        unmapped ids masked, then (when sampling) the call's warpers, then softmax."""
+        """``q``: the distribution drafts are drawn from (``(1, columns)``), from the drafter's logits:
+        unmapped ids masked, then (when sampling) the call's warpers, then softmax. The call's warpers
+        (temperature, top-k, top-p) give the same ``q`` whether unmapped ids are masked or pruned away."""
         scores = logits.float() + self.mask
         if self.sampling and len(self.processors):
             scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)

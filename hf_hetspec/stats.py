@@ -14,7 +14,9 @@ Conventions (the field's, written down once):
 * ``skipped_drafts`` counts rounds in which the target went on alone (no room before ``max_length``, the
   target stopped inside a UTF-8 character, or the drafter's maximum context was full);
   ``drafter_truncated_tokens`` counts the oldest drafter-context tokens dropped to stay within the
-  drafter's ``max_position_embeddings`` (the target always sees everything; the output is unchanged).
+  drafter's ``max_position_embeddings`` (the target always sees everything; the output is unchanged);
+* ``drafter_head_rows``: rows of the drafter's LM head computed per drafter step when TLI prunes it to the
+  vocabulary intersection (0: the full head).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class DecodingStats:
     drafter_forwards: int = 0
     skipped_drafts: int = 0
     drafter_truncated_tokens: int = 0
+    drafter_head_rows: int = 0
     drafter_s: float = 0.0
     target_s: float = 0.0
     translation_s: float = 0.0

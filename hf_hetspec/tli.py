@@ -32,15 +32,15 @@ class TLICandidateGenerator(TokenLevelProposer):
                  **kwargs):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids,
                          drafter_to_target=intersection.drafter_to_target, target_size=intersection.target_size,
-                         **kwargs)
+                         prune_head=True, **kwargs)
         self._probs: list[torch.Tensor] = []
 
     def _select(self, logits: torch.Tensor) -> torch.Tensor:
         if self.greedy_draft:
-            return (logits.float() + self.mask).argmax(dim=-1, keepdim=True)
+            return self.drafter_ids((logits.float() + self.mask).argmax(dim=-1, keepdim=True))
         q = self.drafter_distribution(logits)
         self._probs.append(q)
-        return torch.multinomial(q, 1, generator=self.generator)
+        return self.drafter_ids(torch.multinomial(q, 1, generator=self.generator))
 
     def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
         self._probs = []

@@ -398,3 +398,51 @@ def test_auto_samples_with_tli_for_identical_vocabularies(toy_pair):
         hf_hetspec.disable(target)
     stats = hf_hetspec.last_stats(target)
     assert stats.algorithm == "tli" and "identical vocabularies" in stats.note
+
+
+def test_tli_prunes_the_drafter_head_to_the_intersection_without_changing_drafts(real_pair, monkeypatch):
+    """A Gemma-3-vocabulary drafter shares about a third of its 262,144 rows with Qwen2.5-Coder: TLI computes
+    only those rows. Greedy drafts (argmax over the intersection) are the same as with the full head, so the
+    draft statistics are equal, and the output is the target's."""
+    pair = real_pair("qwen2.5-coder", "gemma3")
+    shared = hf_hetspec.vocabulary_intersection(pair.target_tokenizer, pair.drafter_tokenizer).drafter_shared
+    stats = {}
+    for mode, share in (("pruned", hf_hetspec.drafter.PRUNE_MAX_SHARE), ("full", 0.0)):
+        monkeypatch.setattr(hf_hetspec.drafter, "PRUNE_MAX_SHARE", share)
+        stats[mode] = _check_greedy(pair, pair.prompts[:2], max_new_tokens=24, algorithm="tli")
+    assert [s.drafter_head_rows for s in stats["pruned"]] == [shared, shared]
+    assert 0 < shared < 0.5 * len(pair.drafter_tokenizer)
+    assert [s.drafter_head_rows for s in stats["full"]] == [0, 0]
+    for pruned, full in zip(stats["pruned"], stats["full"]):
+        assert (pruned.drafted_tokens, pruned.accepted_tokens) == (full.drafted_tokens, full.accepted_tokens)
+    assert sum(s.accepted_tokens for s in stats["pruned"]) > 0
+
+
+def test_pruned_head_logits_are_the_full_heads_rows(real_pair):
+    pair = real_pair("qwen2.5-coder", "gemma3")
+    vocab = hf_hetspec.alignment.Vocabulary.from_tokenizer(pair.drafter_tokenizer)
+    prompt = pair.drafter_tokenizer(pair.prompts[0]).input_ids
+    rows = torch.arange(0, len(pair.drafter_tokenizer), 3)
+    full = hf_hetspec.drafter.DrafterContext(pair.drafter, vocab, prompt)
+    pruned = hf_hetspec.drafter.DrafterContext(pair.drafter, vocab, prompt)
+    assert pruned.restrict_head(rows)
+    expected = full.next_logits()[:, rows]
+    got = pruned.next_logits()
+    assert got.shape == (1, rows.numel())
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_head_with_logit_softcapping_is_not_pruned():
+    """Gemma-2 caps its final logits (tanh): a plain linear head over the decoder's output would be wrong, so
+    the full head is kept; a Llama head is pruned."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    small = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    capped = Gemma2ForCausalLM(Gemma2Config(final_logit_softcapping=0.5, **small)).eval()
+    plain = LlamaForCausalLM(LlamaConfig(**small)).eval()
+    rows = torch.arange(0, 256, 4)
+    assert hf_hetspec.drafter.PrunedHead.build(capped, rows, 256) is None
+    assert hf_hetspec.drafter.PrunedHead.build(plain, rows, 256) is not None
+    assert hf_hetspec.drafter.PrunedHead.build(plain, torch.arange(250), 256) is None  # too little to gain
