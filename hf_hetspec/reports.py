@@ -13,6 +13,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: Footnote of every report with a sampled transformers row.
+TRANSFORMERS_SAMPLING_NOTE = (
+    "transformers UAG at T > 0 is its universal speculative decoding, which is lossy for heterogeneous pairs "
+    "whose drafter has tokens outside the intersection (both zoo drafters): it prunes the drafter's LM head in "
+    "get_vocab() order and scatters the logits back in id order, so q is not the distribution the draft came "
+    "from (tests/test_lossless.py::test_rejects_transformers_universal_assisted_sampling_qwen_target). Its "
+    "speed and acceptance are shown, not endorsed."
+)
+
 
 def _f(value, spec: str = ".2f", suffix: str = "") -> str:
     return "" if value is None else format(value, spec) + suffix
@@ -77,6 +86,8 @@ def markdown_report(result: dict) -> str:
             )
     lines += ["", "Data: " + "; ".join(f"{t}: {s}" for t, s in config["data_sources"].items()) + ".",
               f"Cost ratio: {config['cost_ratio_method']}."]
+    if any(r["method"] == "transformers" and r["temperature"] > 0 for r in result["results"]):
+        lines.append(TRANSFORMERS_SAMPLING_NOTE)
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_hetspec import bench, cli, toy, zoo
+from hf_hetspec import bench, cli, reports, toy, zoo
 from hf_hetspec.runner import FirstTokenTimer
 
 N_NEW = 6
@@ -95,6 +95,10 @@ def test_bench_writes_the_documented_json_tables_and_plots(full_run):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (out / "bench.md").read_text()
     assert "| summarization | 0 | hf_hetspec slem |" in markdown and "Lookahead sweep" in markdown
+    # the sampled transformers rows carry the footnote on its lossiness; a greedy-only report does not
+    assert markdown.count(reports.TRANSFORMERS_SAMPLING_NOTE) == 1
+    greedy_only = dict(result, results=[r for r in result["results"] if r["temperature"] == 0])
+    assert reports.TRANSFORMERS_SAMPLING_NOTE not in reports.markdown_report(greedy_only)
 
 
 def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
