@@ -10,6 +10,10 @@ sampling (:func:`~hf_hetspec.verify.verify_speculative_sampling`, Leviathan et a
 target's distribution. Greedy TLI drafts the argmax over the intersection and is verified by exact match.
 With ``greedy_draft`` (``hetspec_draft_temperature=0``) a sampled call drafts that
 argmax too and verifies it by speculative sampling with the one-hot ``q`` it was drawn from.
+
+Since tokens outside the intersection are never drafted, their logits are not computed: the drafter's LM
+head is restricted to the intersection's rows (:class:`~hf_hetspec.drafter.PrunedHead`), which leaves ``q``
+unchanged and cuts a Gemma-3-270M drafter step from 79 ms to 50 ms on CPU (bf16, one thread).
 """
 
 from __future__ import annotations
