@@ -89,8 +89,8 @@ class PrunedHead:
     so computing only their logits changes nothing but the cost: the head of Gemma-3-270M is 262,144 x 640,
     about half of a drafter step on CPU. transformers' universal speculative decoding prunes the same way.
 
-    The kept rows are copied once per drafter and row set (and cached while the drafter lives); the drafter
-    itself is never changed.
+    The kept rows are copied once per drafter and row set (and cached while the drafter lives; copied again
+    after the head's weights change in place); the drafter itself is never changed.
 
     Args:
         model: the drafter.
@@ -102,11 +102,13 @@ class PrunedHead:
         self.decoder = model.get_decoder()
         per_model = _PRUNED_HEADS.setdefault(model, {})
         key = (rows.shape[0], hash(tuple(rows.tolist())))
-        if key not in per_model:
+        # a head changed since the copy (training steps, resized embeddings) is copied again
+        version = (head.weight.data_ptr(), head.weight._version, tuple(head.weight.shape))
+        if key not in per_model or per_model[key][0] != version:
             index = rows.to(head.weight.device)
             bias = None if head.bias is None else head.bias[index].contiguous()
-            per_model[key] = (head.weight[index].contiguous(), bias)
-        self.weight, self.bias = per_model[key]
+            per_model[key] = (version, head.weight[index].contiguous(), bias)
+        _, self.weight, self.bias = per_model[key]
         self.rows = rows.to(model_device(model))
 
     @classmethod

@@ -446,3 +446,22 @@ def test_head_with_logit_softcapping_is_not_pruned():
     assert hf_hetspec.drafter.PrunedHead.build(capped, rows, 256) is None
     assert hf_hetspec.drafter.PrunedHead.build(plain, rows, 256) is not None
     assert hf_hetspec.drafter.PrunedHead.build(plain, torch.arange(250), 256) is None  # too little to gain
+
+
+def test_pruned_head_follows_changes_to_the_drafter_weights(real_pair):
+    """The cached copy of the kept rows is refreshed after the head changes in place (e.g. a training step in
+    a notebook), so drafts always come from the drafter as it is now."""
+    pair = real_pair("qwen2.5-coder", "gemma3")
+    head = pair.drafter.get_output_embeddings()
+    rows = torch.arange(0, len(pair.drafter_tokenizer), 3)
+    before = hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight.clone()
+    saved = head.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            head.weight.mul_(2.0)
+        after = hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight
+        torch.testing.assert_close(after, 2.0 * before)
+    finally:
+        with torch.no_grad():
+            head.weight.copy_(saved)
+    torch.testing.assert_close(hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight, before)
