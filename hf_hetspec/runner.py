@@ -441,6 +441,8 @@ class Runner:
         finally:
             integration.disable(self.target)
         stats = integration.last_stats(self.target)
+        # our own count: a pruned drafter head (TLI) runs the drafter's decoder, not its top module's forward
+        timing["drafter_forwards"] = stats.drafter_forwards
         n = ids.shape[1]
         return MethodRun(
             "hf_hetspec", out, n, out.shape[1] - n, target_forwards=stats.target_forwards,

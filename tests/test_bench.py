@@ -129,6 +129,8 @@ def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
         assert row["cost_ratio"] == pytest.approx(steps[drafter] / steps["target"])
         assert row["mean_lookahead"] == pytest.approx(
             sum(r["drafter_forwards"] for r in records) / sum(r["target_forwards"] for r in records))
+        if row["method"] == "hf_hetspec":  # counted by hf_hetspec itself, pruned drafter head (TLI) included
+            assert all(r["drafter_forwards"] == r["stats"]["drafter_forwards"] > 0 for r in records)
         if row["acceptance_rate"] is not None:
             alpha, gamma, c = row["acceptance_rate"], row["mean_lookahead"], row["cost_ratio"]
             expected = bench.expected_speedup(alpha, gamma, c)
@@ -312,3 +314,17 @@ def test_first_token_timer_skips_the_prompt():
     first = timer.first_token_at
     timer.put(torch.tensor([5]))
     assert first is not None and timer.first_token_at == first
+
+
+def test_runner_counts_drafter_forwards_of_a_pruned_tli_head(real_pair):
+    """TLI with a Gemma-3-vocabulary drafter computes only the intersection's rows of its LM head, running the
+    drafter's decoder rather than its top module: the runner still reports every drafter forward (the γ
+    column of the bench)."""
+    from hf_hetspec.runner import Runner
+
+    pair = real_pair("qwen2.5-coder", "gemma3")
+    runner = Runner(pair.target, pair.target_tokenizer, pair.drafter, pair.drafter_tokenizer, algorithm="tli",
+                    max_new_tokens=12)
+    run = runner.hetspec(pair.target_tokenizer(pair.prompts[0], return_tensors="pt").input_ids)
+    assert run.stats.drafter_head_rows > 0
+    assert run.drafter_forwards == run.stats.drafter_forwards > 0
