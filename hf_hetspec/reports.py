@@ -87,7 +87,7 @@ def markdown_report(result: dict) -> str:
     lines += ["", "Data: " + "; ".join(f"{t}: {s}" for t, s in config["data_sources"].items()) + ".",
               f"Cost ratio: {config['cost_ratio_method']}."]
     if any(r["method"] == "transformers" and r["temperature"] > 0 for r in result["results"]):
-        lines.append(TRANSFORMERS_SAMPLING_NOTE)
+        lines += ["", TRANSFORMERS_SAMPLING_NOTE]
     return "\n".join(lines) + "\n"
 
 

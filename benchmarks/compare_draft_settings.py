@@ -1,0 +1,84 @@
+"""Compare draft settings of TLI / SLRS (or SLEM) when sampling, interleaved per prompt and seed.
+
+Each setting is a JSON object of ``generate()`` keyword arguments; ``{}`` under the name ``target`` runs the
+target alone. One line per call (prompt, seed, setting, new tokens, target forwards, drafted, accepted,
+seconds), then totals per setting: tokens/s, speedup over the target alone, acceptance rate, tokens per
+target forward and drafted tokens per target forward. The log of
+``benchmarks/results/schedule-tuning/tli-slrs-draft-temperature-humaneval-20-24.log`` came from::
+
+    python benchmarks/compare_draft_settings.py --drafter smollm2-135m-instruct --prompts 20 25 --seeds 0 1 \\
+        --settings '{"target": {}, "tli": {"hetspec_algorithm": "tli"},
+                     "tli-t0.6": {"hetspec_algorithm": "tli", "hetspec_draft_temperature": 0.6},
+                     "slrs": {"hetspec_algorithm": "slrs"},
+                     "slrs-t0.6": {"hetspec_algorithm": "slrs", "hetspec_draft_temperature": 0.6},
+                     "slrs-conf0.4": {"hetspec_algorithm": "slrs", "num_assistant_tokens": 20,
+                                      "assistant_confidence_threshold": 0.4}}'
+
+HumanEval/20-29 are the tuning prompts; the bench reports HumanEval/0-9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from hf_hetspec import integration, zoo
+from hf_hetspec.prompts import code_prompts
+from hf_hetspec.tasks import chat_ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--drafter", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, nargs=2, default=[20, 25], metavar=("FIRST", "END"),
+                        help="HumanEval problems FIRST .. END-1")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--settings", required=True, help="JSON: {name: generate() kwargs}; 'target' = alone")
+    args = parser.parse_args()
+    settings = json.loads(args.settings)
+    torch.set_num_threads(args.threads)
+    target, target_tok = zoo.load(args.target, dtype=torch.bfloat16)
+    drafter, drafter_tok = zoo.load(args.drafter, dtype=torch.bfloat16)
+    integration.enable(target)
+    totals: dict[str, list[float]] = {}
+    first, end = args.prompts
+    for prompt in code_prompts(end)[first:end]:
+        ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
+        for seed in args.seeds:
+            for name, kwargs in settings.items():
+                torch.manual_seed(seed)
+                start = time.perf_counter()
+                common = dict(do_sample=True, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+                if name == "target":
+                    out = type(target).generate(target, ids, **common)  # the plain transformers method
+                    new = out.shape[1] - ids.shape[1]
+                    forwards, drafted, accepted = new, 0, 0
+                else:
+                    out = target.generate(ids, assistant_model=drafter, tokenizer=target_tok,
+                                          assistant_tokenizer=drafter_tok,
+                                          hetspec_generator=torch.Generator().manual_seed(seed), **common, **kwargs)
+                    stats = integration.last_stats(target)
+                    new = out.shape[1] - ids.shape[1]
+                    forwards, drafted, accepted = stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens
+                seconds = time.perf_counter() - start
+                row = totals.setdefault(name, [0, 0, 0, 0, 0.0])
+                for i, value in enumerate((new, forwards, drafted, accepted, seconds)):
+                    row[i] += value
+                print(prompt.prompt_id, seed, name, new, forwards, drafted, accepted, f"{seconds:.1f}s", flush=True)
+    base = totals["target"][0] / totals["target"][4] if "target" in totals else None
+    for name, (new, forwards, drafted, accepted, seconds) in totals.items():
+        speed = new / seconds
+        print(f"{name:14s} tok/s {speed:.2f}" + (f" speedup {speed / base:.2f}x" if base else "")
+              + (f" acc {accepted / drafted:.2f}" if drafted else "")
+              + f" tok/fwd {new / max(forwards, 1):.2f} drafted/fwd {drafted / max(forwards, 1):.1f}")
+
+
+if __name__ == "__main__":
+    main()
