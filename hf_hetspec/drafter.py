@@ -218,7 +218,14 @@ class DrafterContext:
             self._drop_oldest(self.capacity - self.reserve)
 
     def _new_cache(self) -> DynamicCache:
+        """The drafter's KV cache. Sliding-window layers keep only the window plus what was fed since their last
+        crop, so a re-tokenization that replaces older tokens could not be rolled back (transformers raises a
+        shape error in attention once the context passes the window, e.g. Gemma-3's 512 tokens); for such
+        models every layer keeps its whole past instead -- the model's sliding-window mask still applies, so
+        the logits are the same."""
         cache = DynamicCache(config=self.model.config)
+        if any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in getattr(cache, "layers", ())):
+            cache = DynamicCache()
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()
         return cache

@@ -20,7 +20,7 @@ SmolLM2 -> Qwen2.5-Coder. Cases already in other test files are not repeated; th
 | 9 chat templates | ``test_each_side_gets_its_own_chat_template``, ``test_chat_markers_map_by_content_without_assistant_input_ids``, ``test_chat_inputs_falls_back_to_the_target_text``, ``test_bad_assistant_input_ids_are_refused``, ``test_assistant_input_ids_without_a_drafter_is_refused``; ``test_integration::test_chat_template_prompt_keeps_special_tokens`` |
 | 10 streamers get rejected tokens / nothing until the end | ``test_drafter_context_is_prompt_plus_accepted_text`` (matrix, also records the stream); ``test_integration::test_streamer_receives_only_accepted_tokens_as_they_come`` |
 | 11 Unicode, byte fallback, literal special-token strings | ``test_literal_special_strings_in_the_prompt_stay_text``, ``test_target_generating_literal_special_strings`` (matrix), ``test_slem_drafts_of_literal_special_text_stay_plain_target_tokens``, ``test_property_conversion_between_tokenizers_keeps_the_bytes``; ``test_integration::test_greedy_identical_*`` (emoji, CJK, combining marks, trailing spaces), ``test_alignment`` |
-| 12 lengths | ``test_one_and_two_new_tokens``, ``test_drafts_never_cross_max_length`` (matrix), ``test_prompt_longer_than_the_drafter_context``; ``test_integration::test_short_generations`` |
+| 12 lengths | ``test_one_and_two_new_tokens``, ``test_drafts_never_cross_max_length`` (matrix), ``test_prompt_longer_than_the_drafter_context``, ``test_sliding_window_drafter_rolls_back_past_its_window``; ``test_integration::test_short_generations`` |
 | 13 dtypes and devices | ``test_mixed_dtypes`` (bf16 target + fp32 drafter and the reverse), ``test_inputs_on_another_device_than_the_target`` (CUDA only: CPU prompt and drafter, GPU target; a CPU ``hetspec_generator`` is refused); ``test_integration::test_drafter_in_another_dtype`` |
 """
 
@@ -706,6 +706,34 @@ def test_prompt_longer_than_the_drafter_context(toy_pair, short_context_drafters
     assert stats.drafter_truncated_tokens > 0
     if drafter_name == "rope48":
         assert stats.accepted_tokens > 0  # the truncated drafter still drafts usefully
+
+
+@pytest.mark.parametrize("depth", [1, 3, 7])
+def test_sliding_window_drafter_rolls_back_past_its_window(toy_sp_tokenizer, depth):
+    """Gemma-3 drafters attend to a sliding window (512 tokens) in most layers; transformers' sliding-window
+    cache layers keep only the window plus what was fed since their last crop, so a re-tokenization that
+    replaces older tokens could not be rolled back (a shape error inside attention once the context passed
+    the window, seen on Spec-Bench summarization prompts with Gemma-3-270M). After any rollback the drafter's
+    next-token logits are those of a fresh forward over the same ids."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=len(toy_sp_tokenizer), hidden_size=32, intermediate_size=64,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                              sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    drafter = Gemma3ForCausalLM(config).eval()
+    vocab = hf_hetspec.alignment.Vocabulary.from_tokenizer(toy_sp_tokenizer)
+    prompt = toy_sp_tokenizer("def f(x):\n    return x\n" * 3).input_ids
+    context = hf_hetspec.drafter.DrafterContext(drafter, vocab, prompt)
+    assert len(context.ids) > 2 * config.sliding_window
+    context.next_logits()  # prefill
+    hf_hetspec.drafter.rollback_cache(context.cache, context.cache.get_seq_length() - 1)  # a crop
+    hf_hetspec.drafter.rollback_cache(context.cache, context.cache.get_seq_length() - depth)  # deeper than fed since
+    del context.ids[len(context.ids) - depth :]
+    got = context.next_logits()
+    with torch.no_grad():
+        expected = drafter(torch.tensor([context.ids])).logits[:, -1]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------
