@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
 
@@ -224,7 +225,7 @@ class DrafterContext:
         models every layer keeps its whole past instead -- the model's sliding-window mask still applies, so
         the logits are the same."""
         cache = DynamicCache(config=self.model.config)
-        if any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in getattr(cache, "layers", ())):
+        if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers):
             cache = DynamicCache()
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()
@@ -293,8 +294,9 @@ class DrafterContext:
         Args:
             n_tokens: the most drafter forwards (the lookahead, in drafter tokens), >= 1.
             select: maps the next-token logits (``torch.FloatTensor`` of shape ``(1, V_drafter)``, padded
-                rows of the LM head cut off; ``(1, R)`` after :meth:`restrict_head`) to the chosen drafter token
-                id (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device.
+                rows of the LM head cut off; ``(1, R)`` after :meth:`restrict_head`) to the chosen column
+                (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device; the column is the drafter
+                token id, or indexes the kept rows after :meth:`restrict_head`.
             stop: ends the draft early from the drafter's confidence (:class:`DraftStop`); ``None`` drafts
                 ``n_tokens``. Costs one host sync per token when given.
 
@@ -310,10 +312,10 @@ class DrafterContext:
             stop.reset()
         for i in range(n_tokens):
             logits = self._forward(feed)
-            feed = select(logits)
+            column = select(logits)
+            feed = column if self.head is None else self.head.rows[column]
             chosen.append(feed)
             if stop is not None and i + 1 < n_tokens:
-                column = feed if self.head is None else torch.searchsorted(self.head.rows, feed)
                 if stop(float(logits.float().softmax(dim=-1).gather(-1, column))):
                     break
         drafted = torch.cat(chosen, dim=1)[0].tolist()  # one host sync per draft

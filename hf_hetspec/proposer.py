@@ -146,8 +146,8 @@ class TokenLevelProposer(HeterogeneousProposer):
         target_eos_ids: a draft ends after the first of these.
         prune_head: compute the drafter's logits only for the mapped drafter ids
             (:meth:`~hf_hetspec.drafter.DrafterContext.restrict_head`) -- exact when unmapped ids are never
-            drafted anyway (TLI). ``rows`` is then the drafter id of each logits column, else ``None``
-            (column = drafter id).
+            drafted anyway (TLI). ``map`` and ``mask`` are then indexed by the kept rows' columns, and
+            :meth:`~hf_hetspec.drafter.DrafterContext.draft` turns a chosen column into its drafter id.
         other arguments: as :class:`HeterogeneousProposer`.
     """
 
@@ -173,10 +173,8 @@ class TokenLevelProposer(HeterogeneousProposer):
         mapped = drafter_to_target[: self.drafter.n_tokens]
         self.map_list = mapped.tolist()  # indexed by drafter id
         # columns of the drafter's logits: every drafter id, or only the mapped ones with a pruned LM head
-        self.rows: torch.Tensor | None = None
         kept = (mapped >= 0).nonzero().squeeze(1)
         if prune_head and self.drafter.restrict_head(kept):
-            self.rows = self.drafter.head.rows
             self.stats.drafter_head_rows = int(kept.numel())
             mapped = mapped[kept]
         self.map = mapped.to(device)  # [columns] -> target id
@@ -187,10 +185,6 @@ class TokenLevelProposer(HeterogeneousProposer):
         self.processors = drafter_processors or LogitsProcessorList()
         self.generator = generator
         self.target_eos = set(target_eos_ids or [])
-
-    def drafter_ids(self, columns: torch.Tensor) -> torch.Tensor:
-        """Drafter token ids of logits columns (same shape)."""
-        return columns if self.rows is None else self.rows[columns]
 
     def drafter_distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """``q``: the distribution drafts are drawn from (``(1, columns)``), from the drafter's logits:

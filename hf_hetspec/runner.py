@@ -434,14 +434,13 @@ class Runner:
                     streamer=streamer,
                     **self._assisted(max_new_tokens),
                 ),
-                drafter=self.drafter,
             )
         except (NotImplementedError, ValueError) as err:
             raise MethodError(f"hf_hetspec: {err}") from err
         finally:
             integration.disable(self.target)
         stats = integration.last_stats(self.target)
-        # our own count: a pruned drafter head (TLI) runs the drafter's decoder, not its top module's forward
+        # hf_hetspec's own count, not a hook on the drafter module: a pruned head (TLI) runs only its decoder
         timing["drafter_forwards"] = stats.drafter_forwards
         n = ids.shape[1]
         return MethodRun(

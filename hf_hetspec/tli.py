@@ -41,10 +41,10 @@ class TLICandidateGenerator(TokenLevelProposer):
 
     def _select(self, logits: torch.Tensor) -> torch.Tensor:
         if self.greedy_draft:
-            return self.drafter_ids((logits.float() + self.mask).argmax(dim=-1, keepdim=True))
+            return (logits.float() + self.mask).argmax(dim=-1, keepdim=True)
         q = self.drafter_distribution(logits)
         self._probs.append(q)
-        return self.drafter_ids(torch.multinomial(q, 1, generator=self.generator))
+        return torch.multinomial(q, 1, generator=self.generator)
 
     def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
         self._probs = []

@@ -404,7 +404,7 @@ def test_rejects_tli_whose_q_is_taken_before_the_drafter_warpers(real_pair, monk
     def q_before_warpers(self, logits):
         q = self.drafter_distribution(logits)  # [1, columns], warped: what the draft is drawn from
         self._probs.append((logits.float() + self.mask).softmax(dim=-1))  # BROKEN: unwarped
-        return self.drafter_ids(torch.multinomial(q, 1, generator=self.generator))
+        return torch.multinomial(q, 1, generator=self.generator)
 
     monkeypatch.setattr(TLICandidateGenerator, "_select", q_before_warpers)
     report, sampler = _real_report(real_pair(*names), names, "tli", "t0.7", n=400)
