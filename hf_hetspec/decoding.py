@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
+from .compat import cache_kwargs, output_cache_kwargs
 from .drafter import DrafterContextFull, model_device, rollback_cache
 from .stats import DecodingStats
 from .verify import verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
@@ -114,7 +115,8 @@ def speculative_generate(
             extra = {}
             if prompt_positions is not None:
                 extra["position_ids"] = _positions(prompt_positions, cached, candidate_ids.shape[1])
-            out = target(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=k + 1, **extra)
+            extra.update(cache_kwargs(target, cache))
+            out = target(input_ids=feed, use_cache=True, logits_to_keep=k + 1, **extra)
             logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
             processed = _process(logits_processor, candidate_ids, n, logits)
             draft = candidate_ids[0, n:]
@@ -160,6 +162,6 @@ def speculative_generate(
             sequences=ids,
             scores=tuple(scores) if want_scores else None,
             logits=tuple(raw_logits) if want_logits else None,
-            past_key_values=cache if generation_config.use_cache else None,
+            **output_cache_kwargs(GenerateDecoderOnlyOutput, cache if generation_config.use_cache else None),
         )
     return ids

@@ -20,6 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
+from .compat import cache_kwargs
 
 #: Positions kept free after the synced context for one draft (lookahead <= 16 target tokens, a few drafter
 #: tokens each); at most half of the drafter's maximum context.
@@ -124,7 +125,8 @@ class PrunedHead:
     def __call__(self, feed: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """Logits of the kept rows for the last position of ``feed`` (``(1, R)``, float32 accumulation as the
         head's dtype gives)."""
-        hidden = self.decoder(input_ids=feed, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        out = self.decoder(input_ids=feed, use_cache=True, **cache_kwargs(self.decoder, cache))
+        hidden = out.last_hidden_state[:, -1]
         return torch.nn.functional.linear(hidden.to(self.weight.device), self.weight, self.bias)
 
 
@@ -355,7 +357,7 @@ class DrafterContext:
         if self.head is not None:
             return self.head(feed, self.cache)
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
-        out = self.model(input_ids=feed, past_key_values=self.cache, use_cache=True, **kwargs)
+        out = self.model(input_ids=feed, use_cache=True, **kwargs, **cache_kwargs(self.model, self.cache))
         return out.logits[:, -1, : self.n_tokens]
 
     def append_text(self, text: str) -> None:

@@ -42,6 +42,7 @@ from transformers import (
 from transformers.generation.utils import GenerationMixin
 
 from .alignment import Vocabulary
+from .compat import cache_from_kwargs
 from .decoding import speculative_generate
 from .drafter import DraftStop, model_device
 from .intersection import intersection_for, prefix_map_for
@@ -201,7 +202,7 @@ class _HetSpecDecoding:
             self.stats,
             streamer=self.streamer,
             generator=self.generator,
-            past_key_values=model_kwargs.get("past_key_values"),
+            past_key_values=cache_from_kwargs(model_kwargs),
             position_ids=model_kwargs.get("position_ids"),
         )
         self.stats.total_s += built  # total_s covers the whole call, as translation_s does

@@ -45,6 +45,7 @@ import torch
 
 from . import integration
 from .checker import GreedyComparison, compare_greedy
+from .compat import cache_kwargs, output_cache
 from .stats import DecodingStats
 
 METHODS = ("target", "transformers", "hf_hetspec")
@@ -267,13 +268,13 @@ def step_seconds(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
         )
     device = model.get_input_embeddings().weight.device
     out = model(input_ids=input_ids.to(device), use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    cache = output_cache(out)
     token = out.logits[:, -1:].argmax(-1)  # [1, 1]
     times = []
     for _ in range(repeats + 1):
         _synchronize(device)
         start = time.perf_counter()
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        out = model(input_ids=token, use_cache=True, **cache_kwargs(model, cache))
         _synchronize(device)
         times.append(time.perf_counter() - start)
         token = out.logits[:, -1:].argmax(-1)

@@ -55,6 +55,7 @@ from hf_hetspec.alignment import (
     sanitize_utf8,
 )
 from hf_hetspec.checker import compare_greedy
+from hf_hetspec.compat import cache_from_kwargs
 from hf_hetspec.drafter import DrafterContext
 from hf_hetspec.integration import vocabulary
 from hf_hetspec.slem import SLEMCandidateGenerator
@@ -653,7 +654,7 @@ def test_drafts_never_cross_max_length(pair, algorithm):
     seen = []
 
     def record(module, args, kwargs):
-        seen.append(kwargs["past_key_values"].get_seq_length() + kwargs["input_ids"].shape[1])
+        seen.append(cache_from_kwargs(kwargs).get_seq_length() + kwargs["input_ids"].shape[1])
 
     handle = pair.target.register_forward_pre_hook(record, with_kwargs=True)
     try:
@@ -689,7 +690,7 @@ def test_prompt_longer_than_the_drafter_context(toy_pair, short_context_drafters
     seen = []
 
     def within_capacity(module, args, kwargs):
-        cache = kwargs["past_key_values"]
+        cache = cache_from_kwargs(kwargs)  # the cache under its name in this transformers release
         seen.append(cache.get_seq_length() + kwargs["input_ids"].shape[1])
 
     handle = drafter.register_forward_pre_hook(within_capacity, with_kwargs=True)

@@ -4,15 +4,22 @@ Every expected value comes from the target alone (``target.generate`` without a 
 """
 
 import copy
-import time
+import dataclasses
+import functools
 import itertools
+import logging
+import time
+import warnings
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
+from hf_hetspec.compat import cache_argument, cache_from_kwargs, output_cache, output_cache_kwargs
 from hf_hetspec.toy import tiny_causal_lm
 from conftest import ForwardCounter
 
@@ -465,3 +472,69 @@ def test_pruned_head_follows_changes_to_the_drafter_weights(real_pair):
         with torch.no_grad():
             head.weight.copy_(saved)
     torch.testing.assert_close(hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight, before)
+
+
+def test_cache_argument_follows_the_forward_signature(toy_sp_tokenizer):
+    """transformers 5.24 renamed the KV cache argument ``past_key_values`` -> ``cache`` (the old name warns and
+    goes in 5.40): hf_hetspec passes the name each forward takes, reads outputs and generate()'s kwargs under
+    either name."""
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=True):
+            pass
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=True):
+            pass
+
+    def renamed(forward):  # how transformers' deprecate_kwarg wraps a forward
+        @functools.wraps(forward)
+        def wrapper(*args, **kwargs):
+            return forward(*args, **kwargs)
+        return wrapper
+
+    class Wrapped(torch.nn.Module):
+        forward = renamed(New.forward)
+
+    assert [cache_argument(m) for m in (Old(), New(), Wrapped())] == ["past_key_values", "cache", "cache"]
+
+    @dataclasses.dataclass
+    class OldOutput:
+        past_key_values: object = None
+
+    @dataclasses.dataclass
+    class NewOutput:
+        cache: object = None
+
+    assert output_cache(OldOutput("a")) == output_cache(NewOutput("a")) == "a"
+    assert output_cache_kwargs(OldOutput, "c") == {"past_key_values": "c"}
+    assert output_cache_kwargs(NewOutput, "c") == {"cache": "c"}
+    assert cache_from_kwargs({"cache": "x"}) == cache_from_kwargs({"past_key_values": "x"}) == "x"
+    assert cache_from_kwargs({}) is None
+
+    # and the installed release: Llama's forward takes `cache` from 5.24 on
+    model = tiny_causal_lm(toy_sp_tokenizer, seed=0, hidden=16, layers=1)
+    renamed_release = Version(transformers.__version__).release >= (5, 24)
+    assert cache_argument(model) == ("cache" if renamed_release else "past_key_values")
+
+
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
+def test_no_cache_deprecation_warning(toy_pair, algorithm):
+    """No "`past_key_values` is deprecated" warning from any forward hf_hetspec runs (transformers >= 5.24;
+    on older releases there is nothing to warn about)."""
+    logging.Logger.warning_once.cache_clear()  # transformers logs each message once per process
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = transformers.utils.logging.get_logger("transformers")
+    logger.addHandler(handler)
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for do_sample in (False, True):
+                _hetspec(toy_pair, ids, max_new_tokens=8, do_sample=do_sample, hetspec_algorithm=algorithm,
+                         return_dict_in_generate=True)
+    finally:
+        logger.removeHandler(handler)
+    messages = [str(w.message) for w in caught] + [r.getMessage() for r in records]
+    assert not [m for m in messages if "past_key_values" in m], messages
