@@ -412,17 +412,31 @@ def _parameters(model) -> int:
 # --------------------------------------------------------------------------------------------------------
 
 
-def expected_speedup(acceptance_rate: float, lookahead: int, cost_ratio: float) -> float:
-    """Leviathan et al. (2023, Theorem 3.8): ``(1 - a^(k+1)) / ((1 - a) (k c + 1))``.
+def expected_speedup(alpha: float, gamma: float, c: float) -> float:
+    """Expected walltime improvement of speculative decoding (Leviathan et al., 2023, Theorem 3.8).
+
+    ``(1 - alpha**(gamma + 1)) / ((1 - alpha) * (gamma * c + 1))``: expected tokens per target forward
+    (``(1 - alpha**(gamma + 1)) / (1 - alpha)``, tokens accepted i.i.d. with probability ``alpha``) divided by
+    the cost of one draft-and-verify round in target forwards (``gamma`` drafter steps of relative cost
+    ``c`` plus one target forward). At ``alpha == 1`` the limit ``(gamma + 1) / (gamma * c + 1)``.
 
     Args:
-        acceptance_rate: ``a`` in [0, 1], the chance that one drafted token is accepted.
-        lookahead: ``k`` >= 1 drafted tokens per target forward.
-        cost_ratio: ``c`` = time of one drafter step / time of one target step.
+        alpha: acceptance rate, in ``[0, 1]``.
+        gamma: lookahead (drafter steps per target forward; a mean may be fractional), ``>= 0``.
+        c: cost ratio = drafter step time / target step time, ``>= 0``.
+
+    Returns:
+        the expected speedup over the target alone (dimensionless).
+
+    Raises:
+        ValueError: an argument outside its range.
     """
-    a = min(max(acceptance_rate, 0.0), 1.0)
-    tokens = lookahead + 1 if a >= 1.0 else (1 - a ** (lookahead + 1)) / (1 - a)
-    return tokens / (lookahead * cost_ratio + 1)
+    if not 0.0 <= alpha <= 1.0 or gamma < 0 or c < 0:
+        raise ValueError(
+            f"expected_speedup needs 0 <= alpha <= 1, gamma >= 0 and c >= 0; got {alpha}, {gamma}, {c}"
+        )
+    tokens = gamma + 1 if alpha == 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * c + 1)
 
 
 def best_lookahead(acceptance_rate: float, cost_ratio: float, max_lookahead: int = MAX_LOOKAHEAD) -> int:

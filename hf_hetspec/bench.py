@@ -25,8 +25,8 @@ peak memory (MiB, the largest of the task's calls); greedy verdicts vs the targe
 (:func:`hf_hetspec.checker.compare_greedy`).
 
 Theoretical bound (:func:`expected_speedup`, Leviathan et al., 2023, Theorem 3.8): with ``alpha`` the measured
-acceptance rate, ``gamma`` the mean lookahead = drafter forwards per target forward (counted with a forward
-hook on the drafter) and ``c`` the cost ratio = drafter step seconds / target step seconds, each measured once
+acceptance rate, ``gamma`` the mean lookahead = drafter forwards per target forward (hf_hetspec's own count;
+a forward hook on the drafter for transformers' methods) and ``c`` the cost ratio = drafter step seconds / target step seconds, each measured once
 per run by :func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the
 first prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
 counts target tokens and ``gamma`` drafter steps, so the bound is an approximation there (transformers'
@@ -75,6 +75,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .analyze import expected_speedup  # noqa: F401 -- re-exported: the bench's bound column
 from .reports import markdown_report, plot_lookahead, plot_speedup, write_outputs  # noqa: F401
 from .tasks import (  # noqa: F401 -- re-exported: hf_hetspec.bench's names from before the split
     DEFAULT_SPEC_BENCH,
@@ -103,33 +104,6 @@ COST_RATIO_METHOD = (
     "c = drafter step / target step: median wall seconds of 5 single-token forwards of each model after "
     "prefilling the first prompt (hf_hetspec.runner.step_seconds), measured once per run"
 )
-
-
-def expected_speedup(alpha: float, gamma: float, c: float) -> float:
-    """Expected walltime improvement of speculative decoding (Leviathan et al., 2023, Theorem 3.8).
-
-    ``(1 - alpha**(gamma + 1)) / ((1 - alpha) * (gamma * c + 1))``: expected tokens per target forward
-    (``(1 - alpha**(gamma + 1)) / (1 - alpha)``, tokens accepted i.i.d. with probability ``alpha``) divided by
-    the cost of one draft-and-verify round in target forwards (``gamma`` drafter steps of relative cost
-    ``c`` plus one target forward). At ``alpha == 1`` the limit ``(gamma + 1) / (gamma * c + 1)``.
-
-    Args:
-        alpha: acceptance rate, in ``[0, 1]``.
-        gamma: lookahead (drafter steps per target forward; a mean may be fractional), ``>= 0``.
-        c: cost ratio = drafter step time / target step time, ``>= 0``.
-
-    Returns:
-        the expected speedup over the target alone (dimensionless).
-
-    Raises:
-        ValueError: an argument outside its range.
-    """
-    if not 0.0 <= alpha <= 1.0 or gamma < 0 or c < 0:
-        raise ValueError(
-            f"expected_speedup needs 0 <= alpha <= 1, gamma >= 0 and c >= 0; got {alpha}, {gamma}, {c}"
-        )
-    tokens = gamma + 1 if alpha == 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * c + 1)
 
 
 # --------------------------------------------------------------------------------------------------------

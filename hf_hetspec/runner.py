@@ -22,8 +22,8 @@ Every call also records, outside the timed region or at negligible cost inside i
   first new token(s) (:class:`FirstTokenTimer`; assisted methods deliver a whole accepted block at once);
 * time per output token (TPOT): ``(seconds - TTFT) / (new_tokens - 1)``, the decoding phase after the first
   token;
-* drafter forwards, counted with a forward pre-hook on the drafter (the drafter's steps, its catch-up
-  forwards included);
+* drafter forwards (the drafter's steps, its catch-up forwards included): hf_hetspec's own count, and a
+  forward pre-hook on the drafter for transformers' methods;
 * peak memory in MiB (:class:`PeakMemory`): on CUDA ``torch.cuda.max_memory_allocated`` after
   ``reset_peak_memory_stats``; on Linux CPUs the process's peak resident set size ``VmHWM`` after resetting it
   through ``/proc/self/clear_refs``; ``None`` where neither is available. Both include every model loaded in
