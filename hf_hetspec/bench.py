@@ -24,10 +24,12 @@ tokens per target forward (bonus token included); hf_hetspec's drafter / target 
 peak memory (MiB, the largest of the task's calls); greedy verdicts vs the target alone
 (:func:`hf_hetspec.checker.compare_greedy`).
 
-Theoretical bound (:func:`expected_speedup`, Leviathan et al., 2023, Theorem 3.8): with ``alpha`` the measured
-acceptance rate, ``gamma`` the mean lookahead = drafter forwards per target forward (hf_hetspec's own count;
-a forward hook on the drafter for transformers' methods) and ``c`` the cost ratio = drafter step seconds / target step seconds, each measured once
-per run by :func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the
+Theoretical bound (:func:`expected_speedup`, Leviathan et al., 2023, Theorem 3.8): with ``alpha`` Leviathan's
+acceptance rate estimated as accepted / (accepted + rejections) (the drafted tokens verification reached; the
+"acceptance" column, accepted / drafted, also counts tokens after a round's first rejection, which are never
+examined, and would understate ``alpha``), ``gamma`` the mean lookahead = drafter forwards per target forward
+(hf_hetspec's own count; a forward hook on the drafter for transformers' methods) and ``c`` the cost ratio =
+drafter step seconds / target step seconds, each measured once per run by :func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the
 first prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
 counts target tokens and ``gamma`` drafter steps, so the bound is an approximation there (transformers'
 sampling path also prunes its drafter copy's LM head, which makes its steps cheaper than the ``c`` used).
@@ -52,7 +54,7 @@ Output (``--out DIR``, :func:`hf_hetspec.reports.write_outputs`): ``bench.json``
      "results": [{"task", "temperature", "method" ("target"|"transformers"|"hf_hetspec"|"homogeneous"),
                   "label", "algorithm" (hf_hetspec's, else null), "runs", "new_tokens", "seconds",
                   "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate",
-                  "tokens_per_forward", "drafter_s", "target_s", "translation_s", "peak_memory_mb",
+                  "alpha", "tokens_per_forward", "drafter_s", "target_s", "translation_s", "peak_memory_mb",
                   "identical", "tie", "different", "mean_lookahead", "cost_ratio", "theoretical_speedup",
                   "bound_ratio"}],
      "lookahead_sweep": [{"task", "temperature", "algorithm", "lookahead" (int or "adaptive"),
@@ -226,6 +228,8 @@ def aggregate(records: list[dict]) -> dict:
         "ttft_ms": 1000 * statistics.fmean(r["ttft_seconds"] for r in timed) if timed else None,
         "acceptance_rate": _ratio(sum(r["accepted_tokens"] for r in records),
                                   sum(r["drafted_tokens"] for r in records)),
+        "alpha": _ratio(sum(r["accepted_tokens"] for r in records),
+                        sum(r["accepted_tokens"] + r.get("rejections", 0) for r in records)),
         "tokens_per_forward": _ratio(tokens, forwards),
         "drafter_s": sum(s["drafter_s"] for s in stats) if stats else None,
         "target_s": sum(s["target_s"] for s in stats) if stats else None,
@@ -263,7 +267,7 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
         speedup = _ratio(totals["tokens_per_second"], base[(task, temperature)])
         drafter = {"target": None, "homogeneous": "homogeneous_drafter"}.get(method, "drafter")
         cost = _ratio(step_seconds[drafter], step_seconds["target"]) if drafter else None
-        alpha, gamma = totals["acceptance_rate"], totals["mean_lookahead"]
+        alpha, gamma = totals["alpha"], totals["mean_lookahead"]
         theory = expected_speedup(alpha, gamma, cost) if None not in (alpha, gamma, cost) else None
         if method == "target":
             totals.update(mean_lookahead=None)

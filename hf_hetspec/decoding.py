@@ -132,6 +132,7 @@ def speculative_generate(
         stats.target_forwards += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += accepted
+        stats.rejections += int(accepted < k)
 
         # Append one token at a time so that EOS, stop strings and custom criteria inside the block stop
         # generation exactly where plain decoding would have stopped.

@@ -14,6 +14,12 @@ import json
 from pathlib import Path
 
 #: Footnote of every report with a sampled transformers row.
+#: How the α column (and the bound built on it) is measured; printed under every bench table.
+ALPHA_NOTE = (
+    "α: Leviathan et al.'s acceptance rate, accepted / (accepted + rejections) over the drafted tokens that "
+    "verification reached (a rejection ends a round; the acceptance column, accepted / drafted, also counts "
+    "the tokens drafted after it)."
+)
 TRANSFORMERS_SAMPLING_NOTE = (
     "transformers UAG at T > 0 is its universal speculative decoding, which is lossy for heterogeneous pairs "
     "whose drafter has tokens outside the intersection (both zoo drafters): it prunes the drafter's LM head in "
@@ -47,9 +53,9 @@ def markdown_report(result: dict) -> str:
         f"`{config['command']}`",
         "",
         "| task | T | method | tokens/s | speedup | TPOT ms | TTFT ms | acceptance | tokens/forward "
-        "| drafter/target/translation s | peak MiB | identical/tie/different | γ | c | bound "
+        "| drafter/target/translation s | peak MiB | identical/tie/different | γ | α | c | bound "
         "| achieved/bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["results"]:
         split = ("" if r["drafter_s"] is None
@@ -60,7 +66,7 @@ def markdown_report(result: dict) -> str:
             f"| {_f(r['speedup'], '.2f', 'x')} | {_f(r['tpot_ms'], '.0f')} | {_f(r['ttft_ms'], '.0f')} "
             f"| {_f(r['acceptance_rate'])} | {_f(r['tokens_per_forward'])} | {split} "
             f"| {_f(r['peak_memory_mb'], '.0f')} | {verdicts} | {_f(r['mean_lookahead'], '.1f')} "
-            f"| {_f(r['cost_ratio'], '.3f')} | {_f(r['theoretical_speedup'], '.2f', 'x')} "
+            f"| {_f(r.get('alpha'))} | {_f(r['cost_ratio'], '.3f')} | {_f(r['theoretical_speedup'], '.2f', 'x')} "
             f"| {_f(r['bound_ratio'])} |"
         )
     sweep = result["lookahead_sweep"]
@@ -85,7 +91,8 @@ def markdown_report(result: dict) -> str:
                 f"| {_f(adaptive['adaptive_vs_best'])} | {'yes' if adaptive['within_10_percent'] else 'no'} |"
             )
     lines += ["", "Data: " + "; ".join(f"{t}: {s}" for t, s in config["data_sources"].items()) + ".",
-              f"Cost ratio: {config['cost_ratio_method']}."]
+              f"Cost ratio: {config['cost_ratio_method']}.",
+              ALPHA_NOTE]
     if any(r["method"] == "transformers" and r["temperature"] > 0 for r in result["results"]):
         lines += ["", TRANSFORMERS_SAMPLING_NOTE]
     return "\n".join(lines) + "\n"

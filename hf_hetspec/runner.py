@@ -14,7 +14,11 @@ hf_hetspec's drafted/accepted tokens and target forwards come from its
 pre-hook on the target: it feeds the prompt plus the first draft in its first target forward and the last
 accepted token plus a draft in every later one, so ``drafted = fed tokens - prompt tokens - (forwards - 1)``
 and ``accepted = new tokens - forwards`` (tokens cut by ``max_new_tokens`` in the last block are not counted
-as accepted). Drafted tokens are in the target's vocabulary for all methods.
+as accepted). Rejections (forwards whose verification rejected a drafted token, for Leviathan et al.'s
+``alpha``, :attr:`hf_hetspec.stats.DecodingStats.alpha`) are counted by the same hook from the target's KV
+cache: a round that fed its draft on top of ``P`` cached positions and left ``P'`` cached for the next round
+discarded ``P + fed - P'`` drafted tokens, so it rejected one when that is positive (the last round has no next
+round to read and is not counted). Drafted tokens are in the target's vocabulary for all methods.
 
 Every call also records, outside the timed region or at negligible cost inside it:
 
@@ -45,7 +49,7 @@ import torch
 
 from . import integration
 from .checker import GreedyComparison, compare_greedy
-from .compat import cache_kwargs, output_cache
+from .compat import cache_from_kwargs, cache_kwargs, output_cache
 from .stats import DecodingStats
 
 METHODS = ("target", "transformers", "hf_hetspec")
@@ -95,7 +99,7 @@ class MethodRun:
         output_ids (``torch.LongTensor`` of shape ``(1, n + new_tokens)``): prompt and generated ids.
         prompt_tokens, new_tokens: token counts (target vocabulary).
         seconds: wall-clock seconds of the ``generate()`` call.
-        target_forwards, drafted_tokens, accepted_tokens: see the module docstring.
+        target_forwards, drafted_tokens, accepted_tokens, rejections: see the module docstring.
         comparison: greedy verdict against the target alone (``None`` for the target itself or sampling).
         stats: hf_hetspec's statistics of the call (``None`` for the other methods).
         ttft_seconds: seconds to the first new token (``None`` when no token was generated).
@@ -111,6 +115,7 @@ class MethodRun:
     target_forwards: int
     drafted_tokens: int
     accepted_tokens: int
+    rejections: int = 0
     comparison: GreedyComparison | None = None
     stats: DecodingStats | None = None
     ttft_seconds: float | None = None
@@ -143,6 +148,7 @@ class MethodRun:
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
+            "rejections": self.rejections,
             "tokens_per_forward": self.new_tokens / self.target_forwards if self.target_forwards else None,
             "verdict": None if cmp is None else cmp.verdict,
             "verdict_detail": None if cmp is None else str(cmp),
@@ -156,17 +162,26 @@ class MethodRun:
 
 @contextmanager
 def count_target_forwards(target):
-    """Count the forward calls of ``target`` (any module) and the tokens fed to them while the block runs.
+    """Count the forward calls of ``target`` (any module), the tokens fed to them and the rounds that discarded
+    drafted tokens (see the module docstring) while the block runs.
 
     Yields:
-        dict with ``forwards`` and ``fed_tokens``, updated in place.
+        dict with ``forwards``, ``fed_tokens`` and ``rejections``, updated in place (``rejections`` counts
+        every forward but the last; a forward without a KV cache counts none).
     """
-    counts = {"forwards": 0, "fed_tokens": 0}
+    counts = {"forwards": 0, "fed_tokens": 0, "rejections": 0}
+    previous = None  # (cached positions + fed tokens) of the last forward
 
     def hook(module, args, kwargs):
+        nonlocal previous
         fed = kwargs.get("input_ids", args[0] if args else None)
         if fed is None:
             fed = kwargs["inputs_embeds"]
+        cache = cache_from_kwargs(kwargs)
+        cached = cache.get_seq_length() if cache is not None else None
+        if previous is not None and cached is not None and previous > cached:
+            counts["rejections"] += 1
+        previous = None if cached is None else cached + fed.shape[1]
         counts["forwards"] += 1
         counts["fed_tokens"] += fed.shape[1]
 
@@ -396,7 +411,7 @@ class Runner:
         forwards = counts["forwards"]
         drafted = counts["fed_tokens"] - n - max(forwards - 1, 0)
         return MethodRun(method, out, n, new, target_forwards=forwards, drafted_tokens=drafted,
-                         accepted_tokens=max(new - forwards, 0), **timing)
+                         accepted_tokens=max(new - forwards, 0), rejections=counts["rejections"], **timing)
 
     def transformers_assisted(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
         """transformers' universal assisted generation with the (built-in copy of the) drafter."""
@@ -446,7 +461,8 @@ class Runner:
         n = ids.shape[1]
         return MethodRun(
             "hf_hetspec", out, n, out.shape[1] - n, target_forwards=stats.target_forwards,
-            drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens, stats=stats, **timing,
+            drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
+            rejections=stats.rejections, stats=stats, **timing,
         )
 
     def run(self, method: str, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
@@ -475,7 +491,8 @@ def method_label(method: str, algorithm: str) -> str:
 
 def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
     """Per-method totals over a run: tokens/s (summed tokens / summed seconds), speedup vs the target alone,
-    acceptance rate, tokens per target forward and verdict counts."""
+    acceptance rate, Leviathan et al.'s alpha (accepted / (accepted + rejections)), tokens per target forward and
+    verdict counts."""
     base = runs["target"]
     base_speed = sum(r.new_tokens for r in base) / max(sum(r.seconds for r in base), 1e-9)
     rows = []
@@ -485,6 +502,7 @@ def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
         forwards = sum(r.target_forwards for r in method_runs)
         drafted = sum(r.drafted_tokens for r in method_runs)
         accepted = sum(r.accepted_tokens for r in method_runs)
+        examined = accepted + sum(r.rejections for r in method_runs)
         verdicts = [r.comparison.verdict for r in method_runs if r.comparison is not None]
         speed = tokens / seconds if seconds > 0 else 0.0
         rows.append(
@@ -495,6 +513,7 @@ def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
                 "tokens_per_second": speed,
                 "speedup": speed / base_speed if base_speed > 0 else None,
                 "acceptance_rate": accepted / drafted if drafted else None,
+                "alpha": accepted / examined if examined else None,
                 "tokens_per_forward": tokens / forwards if forwards else None,
                 "identical": verdicts.count("identical") if verdicts else None,
                 "tie": verdicts.count("tie") if verdicts else None,

@@ -7,6 +7,11 @@ Conventions (the field's, written down once):
 * ``accepted_tokens`` counts draft tokens the target accepted (the target's own correction/bonus token is
   not a draft token and is not counted here);
 * ``acceptance_rate = accepted_tokens / drafted_tokens``;
+* ``rejections`` counts target forwards whose verification rejected a drafted token, and
+  ``alpha = accepted_tokens / (accepted_tokens + rejections)`` estimates Leviathan et al.'s (2023) acceptance
+  rate alpha, the chance that a drafted token is accepted given that verification reaches it: the drafted
+  tokens after a round's first rejection are never examined, so ``alpha >= acceptance_rate`` and the two
+  differ most for long drafts;
 * ``mean_accepted_per_forward = new_tokens / target_forwards``: target tokens produced per target forward,
   *including* the bonus/correction token (1.0 means no speedup from drafting);
 * times are wall-clock seconds: ``drafter_s`` drafter forwards, ``translation_s`` text conversion between
@@ -37,6 +42,7 @@ class DecodingStats:
     target_forwards: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    rejections: int = 0
     drafter_forwards: int = 0
     skipped_drafts: int = 0
     drafter_truncated_tokens: int = 0
@@ -51,6 +57,13 @@ class DecodingStats:
     def acceptance_rate(self) -> float:
         """Accepted draft tokens / drafted tokens (0.0 when nothing was drafted)."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Accepted / (accepted + rejections): the share of drafted tokens reached by verification that were
+        accepted, Leviathan et al.'s alpha (0.0 when nothing was examined)."""
+        examined = self.accepted_tokens + self.rejections
+        return self.accepted_tokens / examined if examined else 0.0
 
     @property
     def mean_accepted_per_forward(self) -> float:
@@ -76,6 +89,7 @@ class DecodingStats:
         d = asdict(self)
         d.update(
             acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
             mean_accepted_per_forward=self.mean_accepted_per_forward,
             tokens_per_second=self.tokens_per_second,
         )

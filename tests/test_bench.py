@@ -13,7 +13,7 @@ from hf_hetspec.runner import FirstTokenTimer
 N_NEW = 6
 RESULT_FIELDS = {
     "task", "temperature", "method", "label", "algorithm", "runs", "new_tokens", "seconds",
-    "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate", "tokens_per_forward",
+    "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate", "alpha", "tokens_per_forward",
     "drafter_s", "target_s", "translation_s", "peak_memory_mb", "identical", "tie", "different",
     "mean_lookahead", "cost_ratio", "theoretical_speedup", "bound_ratio",
 }
@@ -131,8 +131,14 @@ def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
             sum(r["drafter_forwards"] for r in records) / sum(r["target_forwards"] for r in records))
         if row["method"] == "hf_hetspec":  # counted by hf_hetspec itself, pruned drafter head (TLI) included
             assert all(r["drafter_forwards"] == r["stats"]["drafter_forwards"] > 0 for r in records)
+        accepted = sum(r["accepted_tokens"] for r in records)
+        examined = accepted + sum(r["rejections"] for r in records)
+        assert row["alpha"] == pytest.approx(accepted / examined)
+        assert row["alpha"] >= row["acceptance_rate"]
+        if row["method"] == "hf_hetspec":
+            assert all(r["rejections"] == r["stats"]["rejections"] for r in records)
         if row["acceptance_rate"] is not None:
-            alpha, gamma, c = row["acceptance_rate"], row["mean_lookahead"], row["cost_ratio"]
+            alpha, gamma, c = row["alpha"], row["mean_lookahead"], row["cost_ratio"]
             expected = bench.expected_speedup(alpha, gamma, c)
             assert row["theoretical_speedup"] == pytest.approx(expected)
             assert row["bound_ratio"] == pytest.approx(row["speedup"] / expected)

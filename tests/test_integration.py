@@ -19,6 +19,7 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
+from hf_hetspec.runner import count_target_forwards
 from hf_hetspec.compat import cache_argument, cache_from_kwargs, output_cache, output_cache_kwargs
 from hf_hetspec.toy import tiny_causal_lm
 from conftest import ForwardCounter
@@ -124,6 +125,24 @@ def test_stats_follow_the_documented_conventions(toy_pair):
     assert set(s.as_dict()) >= {"target_forwards", "drafted_tokens", "accepted_tokens", "acceptance_rate",
                                 "mean_accepted_per_forward", "drafter_s", "target_s", "translation_s"}
 
+
+
+@pytest.mark.parametrize("text", ["trailing spaces   ", "混合 text: 数学 🙂👍🏽 café"])
+def test_rejections_and_alpha(toy_pair, text):
+    """Off-corpus prompts, where the toy models disagree: a round's verification rejects at most once; alpha
+    counts only the drafted tokens it reached. The bench's target hook reads the same rejections from the
+    target's cache, except the last round's."""
+    ids = _ids(toy_pair, text)
+    with count_target_forwards(toy_pair.target) as hooked:
+        _hetspec(toy_pair, ids, max_new_tokens=30, do_sample=False, num_assistant_tokens=6,
+                 num_assistant_tokens_schedule="constant")
+    s = hf_hetspec.last_stats(toy_pair.target)
+    assert hooked["forwards"] == s.target_forwards
+    assert 0 < s.rejections <= s.target_forwards
+    assert s.rejections - 1 <= hooked["rejections"] <= s.rejections
+    assert s.alpha == pytest.approx(s.accepted_tokens / (s.accepted_tokens + s.rejections))
+    assert s.alpha > s.acceptance_rate  # the drafted tokens after a round's first rejection are never examined
+    assert s.as_dict()["alpha"] == s.alpha
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3])
 def test_short_generations(toy_pair, max_new_tokens):
