@@ -100,6 +100,7 @@ class DecodingStats:
         return (
             f"{self.algorithm}: {self.new_tokens} tokens in {self.total_s:.2f}s "
             f"({self.tokens_per_second:.1f} tok/s), {self.target_forwards} target forwards, "
-            f"acceptance {self.acceptance_rate:.2f}, {self.mean_accepted_per_forward:.2f} tokens/forward"
+            f"acceptance {self.acceptance_rate:.2f} (alpha {self.alpha:.2f}), "
+            f"{self.mean_accepted_per_forward:.2f} tokens/forward"
             + (f" [{self.note}]" if self.note else "")
         )
