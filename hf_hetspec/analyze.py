@@ -445,6 +445,34 @@ def best_lookahead(acceptance_rate: float, cost_ratio: float, max_lookahead: int
                key=lambda k: (round(expected_speedup(acceptance_rate, k, cost_ratio), 9), -k))
 
 
+def required_alpha(speedup: float, cost_ratio: float, max_lookahead: int = MAX_LOOKAHEAD) -> float | None:
+    """The smallest acceptance rate ``alpha`` at which :func:`expected_speedup` reaches ``speedup`` for some
+    lookahead ``k`` in ``1..max_lookahead`` (Leviathan et al., 2023, Theorem 3.8, inverted by bisection to
+    1e-6), or ``None`` when not even ``alpha = 1`` reaches it at that cost ratio.
+
+    What a drafter must accept per examined token for a target speedup on given hardware; the formula leaves
+    out the target's extra time for verifying ``k`` tokens instead of 1, so on hardware where that is not
+    negligible (CPUs) the real requirement is higher.
+
+    Raises:
+        ValueError: ``speedup <= 0``, ``cost_ratio < 0`` or ``max_lookahead < 1``.
+    """
+    if speedup <= 0 or cost_ratio < 0 or max_lookahead < 1:
+        raise ValueError(f"required_alpha needs speedup > 0, cost_ratio >= 0 and max_lookahead >= 1; got "
+                         f"{speedup}, {cost_ratio}, {max_lookahead}")
+
+    def best(alpha: float) -> float:
+        return max(expected_speedup(alpha, k, cost_ratio) for k in range(1, max_lookahead + 1))
+
+    if best(1.0) < speedup:
+        return None
+    low, high = 0.0, 1.0  # best() grows with alpha
+    while high - low > 1e-6:
+        mid = (low + high) / 2
+        low, high = (mid, high) if best(mid) < speedup else (low, mid)
+    return high
+
+
 def recommend(analysis: PairAnalysis, do_sample: bool, *, acceptance_rate: float | None = None,
               cost_ratio: float | None = None) -> tuple[str, int, str]:
     """The algorithm and lookahead to use for a pair, and why.

@@ -16,6 +16,7 @@ from hf_hetspec.analyze import (
     analyze_pair,
     best_lookahead,
     expected_speedup,
+    required_alpha,
     recommend,
     retokenization_rate,
     survives_retokenization,
@@ -226,3 +227,15 @@ def test_cli_tokenizers_only_and_errors(model_folders, capsys):
     assert "--texts 0" in capsys.readouterr().err
     assert cli.main(["analyze", "no-such-model", drafter, "--no-mass"]) == 2
     assert "TARGET 'no-such-model' is not a zoo model" in capsys.readouterr().err
+
+
+def test_required_alpha_inverts_the_formula():
+    # a = 0.8, c = 0.1 gives 2.4696 at k = 6 (above): asking for that speedup returns a = 0.8
+    assert required_alpha(2.4696, 0.1) == pytest.approx(0.8, abs=1e-4)
+    alpha = required_alpha(1.8, 0.165)
+    assert max(expected_speedup(alpha, k, 0.165) for k in range(1, 17)) == pytest.approx(1.8, abs=1e-4)
+    assert max(expected_speedup(alpha - 0.01, k, 0.165) for k in range(1, 17)) < 1.8
+    assert required_alpha(0.5, 0.2) == pytest.approx(0.0, abs=1e-5)  # a slowdown needs nothing
+    assert required_alpha(7.0, 0.165) is None  # (k + 1) / (k c + 1) < 1 / c ~ 6.1 for every k
+    with pytest.raises(ValueError, match="cost_ratio"):
+        required_alpha(2.0, -0.1)
