@@ -379,7 +379,8 @@ torch {metadata["torch"]}, transformers {metadata["transformers"]}, hf_hetspec {
 {config.get("max_new_tokens", "?")} new tokens; prompts per task: {_per_task(config.get("prompts_per_task"))};
 seeds {config.get("seeds", "?")}. Speedup: tokens/s of a method over the target alone's in the same run.
 Acceptance rate: accepted / drafted tokens. Expected speedup: Leviathan et al.'s formula from the measured
-acceptance rate and cost ratio.
+alpha (accepted / (accepted + rejections), over the drafted tokens verification reached), mean lookahead and
+cost ratio.
 
 {_table(result)}
 {"".join(chr(10) + figure + chr(10) for figure in figures)}
