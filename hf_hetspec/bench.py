@@ -29,8 +29,9 @@ acceptance rate estimated as accepted / (accepted + rejections) (the drafted tok
 "acceptance" column, accepted / drafted, also counts tokens after a round's first rejection, which are never
 examined, and would understate ``alpha``), ``gamma`` the mean lookahead = drafter forwards per target forward
 (hf_hetspec's own count; a forward hook on the drafter for transformers' methods) and ``c`` the cost ratio =
-drafter step seconds / target step seconds, each measured once per run by :func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the
-first prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
+drafter step seconds / target step seconds, each measured once per run by
+:func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the first
+prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
 counts target tokens and ``gamma`` drafter steps, so the bound is an approximation there (transformers'
 sampling path also prunes its drafter copy's LM head, which makes its steps cheaper than the ``c`` used).
 ``bound_ratio`` = achieved speedup / theoretical speedup; above 1 when acceptances come in runs rather than

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-#: Footnote of every report with a sampled transformers row.
 #: How the α column (and the bound built on it) is measured; printed under every bench table.
 ALPHA_NOTE = (
     "α: Leviathan et al.'s acceptance rate, accepted / (accepted + rejections) over the drafted tokens that "
     "verification reached (a rejection ends a round; the acceptance column, accepted / drafted, also counts "
     "the tokens drafted after it)."
 )
+#: Footnote of every report with a sampled transformers row.
 TRANSFORMERS_SAMPLING_NOTE = (
     "transformers UAG at T > 0 is its universal speculative decoding, which is lossy for heterogeneous pairs "
     "whose drafter has tokens outside the intersection (both zoo drafters): it prunes the drafter's LM head in "
