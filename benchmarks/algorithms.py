@@ -13,7 +13,7 @@ Example (the numbers in README.md)::
 Metrics: tokens/s (new target tokens over wall seconds, summed over runs), speedup = tokens/s over the target
 alone's tokens/s in the same run, acceptance rate = accepted / drafted draft tokens, tokens per target
 forward (bonus token included), and for greedy runs the verdict against the target alone
-(identical / tie / different, :mod:`hf_hetspec.checker`).
+(identical / tie / different, :mod:`hf_hetspec.tools.checker`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from hf_hetspec import zoo
-from hf_hetspec.cli import prompt_ids
-from hf_hetspec.runner import Runner
-from hf_hetspec.prompts import CODE_TEMPLATE
+from hf_hetspec.tools import zoo
+from hf_hetspec.tools.cli import prompt_ids
+from hf_hetspec.tools.runner import Runner
+from hf_hetspec.tools.prompts import CODE_TEMPLATE
 
 ALGORITHMS = ("slem", "tli", "slrs")
 

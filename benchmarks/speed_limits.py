@@ -6,7 +6,7 @@ as measured; the expected speedup of Leviathan et al. (2023, Theorem 3.8) at the
 best fixed lookahead with the target's extra cost of verifying more tokens added to each drafter step
 (``c + v``, ``v`` = extra target time per verified token / one-token target forward, measured with
 ``--measure-verify-cost`` or given with ``--verify-cost``); the achieved speedup; and the alpha that the
-formula needs for ``--speedup`` at ``c`` and at ``c + v`` (:func:`hf_hetspec.analyze.required_alpha`).
+formula needs for ``--speedup`` at ``c`` and at ``c + v`` (:func:`hf_hetspec.tools.analyze.required_alpha`).
 
     python benchmarks/speed_limits.py benchmarks/results/smollm2-code-alpha/bench.json --speedup 1.8 2.5 \\
         --verify-cost 0.035
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from hf_hetspec.analyze import MAX_LOOKAHEAD, expected_speedup, required_alpha
+from hf_hetspec.tools.analyze import MAX_LOOKAHEAD, expected_speedup, required_alpha
 
 
 def measure_verify_cost(name: str, tokens: int = 12, repeats: int = 7) -> tuple[float, float, float]:
@@ -32,7 +32,7 @@ def measure_verify_cost(name: str, tokens: int = 12, repeats: int = 7) -> tuple[
     200-token prefill (bf16, medians of ``repeats``)."""
     from transformers import DynamicCache
 
-    from hf_hetspec import zoo
+    from hf_hetspec.tools import zoo
     from hf_hetspec.compat import cache_kwargs
     from hf_hetspec.drafter import rollback_cache
 

@@ -2,9 +2,9 @@
 
 Fixtures (all expensive ones are session-scoped and built lazily, on first use):
 
-* ``toy_bpe_tokenizer`` -- :func:`hf_hetspec.toy.byte_level_bpe_tokenizer` (Qwen-style, 483 ids).
-* ``toy_sp_tokenizer`` -- :func:`hf_hetspec.toy.sentencepiece_bpe_tokenizer` (Gemma-style, 600 ids).
-* ``toy_pair`` -- :class:`hf_hetspec.toy.CorrelatedPair`: byte-level target (``Qwen2ForCausalLM``, logits
+* ``toy_bpe_tokenizer`` -- :func:`hf_hetspec.testing.toy.byte_level_bpe_tokenizer` (Qwen-style, 483 ids).
+* ``toy_sp_tokenizer`` -- :func:`hf_hetspec.testing.toy.sentencepiece_bpe_tokenizer` (Gemma-style, 600 ids).
+* ``toy_pair`` -- :class:`hf_hetspec.testing.toy.CorrelatedPair`: byte-level target (``Qwen2ForCausalLM``, logits
   padded to 512), sentencepiece drafter (``LlamaForCausalLM``, 600 logits). ~6 s CPU to build.
 * ``toy_pair_reversed`` -- sentencepiece target (padded to 640), byte-level drafter (padded to 512).
 * ``shared_tokenizers_dir`` -- ``<repo>/../shared/tokenizers``; skips the test when absent (fresh clone).
@@ -36,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # a fresh clone that is not pip-installed
     sys.path.insert(0, str(REPO_ROOT))
 
-from hf_hetspec import toy  # noqa: E402
+from hf_hetspec.testing import toy  # noqa: E402
 
 #: Names of the real tokenizers under ``../shared/tokenizers``.
 REAL_TOKENIZER_NAMES = ("qwen2.5-coder", "smollm2", "gemma3")
@@ -136,7 +136,7 @@ def real_pair(real_tokenizer, real_model_config):
     """Factory ``real_pair(target_name, drafter_name) -> CorrelatedPair`` (cached per name pair, ~7 s CPU each).
 
     Each tiny model's embedding / LM head has the real checkpoint's ``vocab_size`` (e.g. 262,144 for
-    Gemma-3, 151,936 for Qwen2.5-Coder); both memorized :data:`hf_hetspec.toy.TOY_CORPUS`.
+    Gemma-3, 151,936 for Qwen2.5-Coder); both memorized :data:`hf_hetspec.testing.toy.TOY_CORPUS`.
     """
     cache: dict[tuple[str, str], toy.CorrelatedPair] = {}
 

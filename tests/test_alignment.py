@@ -16,7 +16,7 @@ from hf_hetspec.alignment import (
     sanitize_utf8,
     valid_utf8_prefix,
 )
-from hf_hetspec.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer
+from hf_hetspec.testing.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer
 
 TEXTS = [
     "def add(a, b):\n    return a + b  \n\n\tx = [1, 2, 3]",

@@ -54,14 +54,14 @@ from hf_hetspec.alignment import (
     convert_prompt,
     sanitize_utf8,
 )
-from hf_hetspec.checker import compare_greedy
+from hf_hetspec.tools.checker import compare_greedy
 from hf_hetspec.compat import cache_from_kwargs
 from hf_hetspec.drafter import DrafterContext
 from hf_hetspec.integration import vocabulary
 from hf_hetspec.slem import SLEMCandidateGenerator
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.testing import verify_lossless
-from hf_hetspec.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer, tiny_causal_lm
+from hf_hetspec.testing.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer, tiny_causal_lm
 from conftest import ForwardCounter
 
 ALGORITHMS = ["slem", "tli", "slrs"]

@@ -20,8 +20,8 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
 from hf_hetspec.compat import cache_argument, cache_from_kwargs, output_cache, output_cache_kwargs
-from hf_hetspec.runner import count_target_forwards
-from hf_hetspec.toy import tiny_causal_lm
+from hf_hetspec.tools.runner import count_target_forwards
+from hf_hetspec.testing.toy import tiny_causal_lm
 from conftest import ForwardCounter
 
 EDGE_PROMPTS = [

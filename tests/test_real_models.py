@@ -7,7 +7,7 @@ greedy output must be token-for-token the target's own.
 import pytest
 
 import hf_hetspec
-from hf_hetspec import zoo
+from hf_hetspec.tools import zoo
 
 pytestmark = pytest.mark.slow
 

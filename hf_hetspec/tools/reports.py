@@ -1,7 +1,7 @@
 """Reports of ``hf-hetspec bench``: the Markdown tables, the plots and the files of ``--out``.
 
-Input is the result dict that :func:`hf_hetspec.bench.cmd_bench` builds, exactly what ``bench.json`` holds
-(schema in :mod:`hf_hetspec.bench`). :func:`markdown_report` gives the text printed at the end of a run and
+Input is the result dict that :func:`hf_hetspec.tools.bench.cmd_bench` builds, exactly what ``bench.json`` holds
+(schema in :mod:`hf_hetspec.tools.bench`). :func:`markdown_report` gives the text printed at the end of a run and
 written to ``bench.md``: a header line (date, machine, versions, models, dtype), the command, the results
 table (one row per task, temperature and method) and, with ``--lookahead-sweep``, the lookahead table;
 :func:`plot_speedup` and :func:`plot_lookahead` draw ``speedup.png`` and ``lookahead.png`` with matplotlib;
@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+#: The adaptive lookahead should reach at least 1 - WITHIN of the best fixed lookahead's tokens/s.
+WITHIN = 0.10
 #: How the α column (and the bound built on it) is measured; printed under every bench table.
 ALPHA_NOTE = (
     "α: Leviathan et al.'s acceptance rate, accepted / (accepted + rejections) over the drafted tokens that "
@@ -35,9 +37,6 @@ def _f(value, spec: str = ".2f", suffix: str = "") -> str:
 
 def markdown_report(result: dict) -> str:
     """The run as Markdown: a header line, the results table and, with a sweep, the lookahead table."""
-    # bench imports this module at its top, so this import waits until bench is loaded
-    from .bench import WITHIN
-
     config, machine = result["config"], result["machine"]
     where = machine.get("gpu") or (
         f"{machine['cpu']}, {machine['cpu_count']} cores, torch threads {machine['torch_threads']}"

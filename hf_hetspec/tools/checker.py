@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafter import model_device
+from ..drafter import model_device
 
 TIE_ULPS = 4
 

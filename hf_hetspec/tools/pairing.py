@@ -24,7 +24,7 @@ command that reproduces the numbers, how to use the pairing with hf_hetspec, and
 settings.
 
 :func:`load` reads a card from a folder or a Hub repository (only ``README.md`` is downloaded; no code from
-the Hub is executed; models load with :func:`hf_hetspec.zoo.load`, which never trusts remote code).
+the Hub is executed; models load with :func:`hf_hetspec.tools.zoo.load`, which never trusts remote code).
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from huggingface_hub import ModelCard, ModelCardData
+
+from .. import __version__
+from . import zoo
+from .common import CLIError, console
 
 CARD_KEY = "hf_hetspec"
 FORMAT = 1
@@ -71,9 +75,7 @@ class PairingError(ValueError):
 
 
 def hub_id(name: str) -> str:
-    """The Hub id of a zoo name (``hf_hetspec.zoo.MODELS[name].hub_id``); any other name unchanged."""
-    from . import zoo
-
+    """The Hub id of a zoo name (``hf_hetspec.tools.zoo.MODELS[name].hub_id``); any other name unchanged."""
     entry = zoo.MODELS.get(name)
     return entry.hub_id if entry is not None else name
 
@@ -92,7 +94,7 @@ def recommended_settings(result: dict) -> list[dict]:
     geometric-mean speedup over the swept tasks.
 
     Args:
-        result: a ``hf-hetspec bench`` result (module docstring of :mod:`hf_hetspec.pairing`).
+        result: a ``hf-hetspec bench`` result (module docstring of :mod:`hf_hetspec.tools.pairing`).
 
     Returns:
         ``[{"temperature", "algorithm", "lookahead", "speedup", "settings"}]`` sorted by temperature;
@@ -310,8 +312,6 @@ def write_card(result: dict, out_dir: Path, plots: dict[str, Path] | None = None
     target, drafter = hub_id(config["target"]), hub_id(config["drafter"])
     recommended = recommended_settings(result)
     first = recommended[0]
-    from . import __version__
-
     metadata = {
         "format": FORMAT,
         "target": target,
@@ -395,7 +395,7 @@ Reproduce:
 
 ```python
 import hf_hetspec
-from hf_hetspec import pairing
+from hf_hetspec.tools import pairing
 
 p = pairing.load("{out_dir.name}")  # this card's folder, or its Hub repository id once pushed
 hf_hetspec.enable(p.target)
@@ -509,7 +509,7 @@ def _card_file(path_or_repo_id: str | os.PathLike) -> Path:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / CARD_FILE).is_file():
-            raise PairingError(f"{name}: the folder has no {CARD_FILE}; write one with hf_hetspec.pairing.write_card "
+            raise PairingError(f"{name}: the folder has no {CARD_FILE}; write one with hf_hetspec.tools.pairing.write_card "
                                "(or `hf-hetspec bench --write-card`)")
         return path / CARD_FILE
     if path.is_file():
@@ -562,22 +562,20 @@ def load(path_or_repo_id: str | os.PathLike, *, load_models: bool = True, dtype=
     Args:
         path_or_repo_id: a folder holding ``README.md``, the card file itself, or a Hub repository id. From
             the Hub only ``README.md`` is downloaded (cache first; no code is executed).
-        load_models: also load the target and the drafter with :func:`hf_hetspec.zoo.load` (Hub ids of zoo
+        load_models: also load the target and the drafter with :func:`hf_hetspec.tools.zoo.load` (Hub ids of zoo
             models fall back to the offline zoo copies).
-        dtype, device: passed to :func:`hf_hetspec.zoo.load` (default float32 on CPU).
+        dtype, device: passed to :func:`hf_hetspec.tools.zoo.load` (default float32 on CPU).
 
     Returns:
         :class:`Pairing`.
 
     Raises:
         PairingError: no card, a card without ``hf_hetspec`` metadata, or an unreachable Hub.
-        hf_hetspec.zoo.ZooError: a model that cannot be loaded.
+        hf_hetspec.tools.zoo.ZooError: a model that cannot be loaded.
     """
     card, metadata = read_card(path_or_repo_id)
     target = drafter = target_tok = drafter_tok = None
     if load_models:
-        from . import zoo
-
         target, target_tok = zoo.load(metadata["target"], dtype=dtype, device=device)
         drafter, drafter_tok = zoo.load(metadata["drafter"], dtype=dtype, device=device)
     return Pairing(target, drafter, target_tok, drafter_tok, dict(metadata["settings"]), card, metadata)
@@ -630,8 +628,6 @@ def cmd_show(args) -> int:
     """``hf-hetspec pairing show``: the card's models, recommended settings and measured speedups."""
     import json
 
-    from .cli import CLIError, _console
-
     try:
         _, metadata = read_card(args.card)
     except PairingError as err:
@@ -641,7 +637,7 @@ def cmd_show(args) -> int:
         return 0
     from rich.table import Table
 
-    out = _console()
+    out = console()
     out.print(f"target {metadata['target']}, drafter {metadata['drafter']}", markup=False)
     out.print(f"measured {metadata.get('date')} on {metadata.get('hardware')} ({metadata.get('device')}, "
               f"{metadata.get('dtype')}; transformers {metadata.get('transformers')})", markup=False)
@@ -663,8 +659,6 @@ def cmd_show(args) -> int:
 
 def cmd_push(args) -> int:
     """``hf-hetspec pairing push``: :func:`push`."""
-    from .cli import CLIError
-
     try:
         url = push(args.folder, args.repo_id, token=args.token, private=args.private)
     except PairingError as err:

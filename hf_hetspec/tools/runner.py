@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import integration
+from .. import integration
 from .checker import GreedyComparison, compare_greedy
-from .compat import cache_from_kwargs, cache_kwargs, output_cache
-from .stats import DecodingStats
+from ..compat import cache_from_kwargs, cache_kwargs, output_cache
+from ..stats import DecodingStats
 
 METHODS = ("target", "transformers", "hf_hetspec")
 #: :data:`METHODS` plus transformers' same-vocabulary assisted generation.

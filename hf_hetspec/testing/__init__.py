@@ -314,7 +314,7 @@ class HetSpecSampler(_Sampler):
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     def __call__(self, generator: torch.Generator | None) -> Outcome:
-        from .integration import disable, enable, is_enabled, last_stats
+        from ..integration import disable, enable, is_enabled, last_stats
 
         was_enabled = is_enabled(self.target)
         enable(self.target)

@@ -1,4 +1,4 @@
-"""``hf_hetspec.analyze``: intersection counts against transformers' own translator, probability mass on
+"""``hf_hetspec.tools.analyze``: intersection counts against transformers' own translator, probability mass on
 stub models with known answers, re-tokenization round trips, the recommendation rule, and the CLI."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_hetspec import analyze, cli, toy, vocabulary_intersection
-from hf_hetspec.analyze import (
+from hf_hetspec import vocabulary_intersection
+from hf_hetspec.testing import toy
+from hf_hetspec.tools import analyze, cli
+from hf_hetspec.tools.analyze import (
     PairAnalysis,
     analyze_pair,
     best_lookahead,
@@ -201,7 +203,7 @@ def test_cli_json_equals_api(model_folders, capsys):
     target, drafter = str(model_folders / "target"), str(model_folders / "drafter")
     assert cli.main(["analyze", target, drafter, "--json", "--texts", "2", "--threads", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    from hf_hetspec import zoo
+    from hf_hetspec.tools import zoo
 
     target_model, target_tok = zoo.load(target)
     drafter_model, drafter_tok = zoo.load(drafter)

@@ -1,4 +1,4 @@
-"""``hf_hetspec.pairing``: cards written from a benchmark result, read back (folder, Hub cache, offline Hub),
+"""``hf_hetspec.tools.pairing``: cards written from a benchmark result, read back (folder, Hub cache, offline Hub),
 used to generate, and published through a recorded ``HfApi``. The numbers in these results are synthetic."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import torch
 from huggingface_hub import ModelCard
 
 import hf_hetspec
-from hf_hetspec import cli, pairing, toy, zoo
-from hf_hetspec.pairing import PairingError
+from hf_hetspec.testing import toy
+from hf_hetspec.tools import cli, pairing, zoo
+from hf_hetspec.tools.pairing import PairingError
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # only copied, never decoded
 
