@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -99,11 +100,24 @@ class Vocabulary:
 
     def padded(self, size: int) -> "Vocabulary":
         """This table extended to ``size`` ids: rows of a padded embedding matrix have no token and spell
-        nothing (``b""``). A model can still emit such an id; it then contributes no text."""
+        nothing (``b""``). A model can still emit such an id; it then contributes no text. The same object
+        for every call with the same ``size``, so its digest is computed once."""
         if size <= len(self.token_bytes):
             return self
-        return Vocabulary(self.tokenizer, self.token_bytes + [b""] * (size - len(self.token_bytes)),
-                          self.special_ids, self.kind)
+        if size not in self._padded_tables:
+            self._padded_tables[size] = Vocabulary(
+                self.tokenizer, self.token_bytes + [b""] * (size - len(self.token_bytes)), self.special_ids, self.kind
+            )
+        return self._padded_tables[size]
+
+    @cached_property
+    def _padded_tables(self) -> dict[int, "Vocabulary"]:
+        return {}
+
+    def same_as(self, other: "Vocabulary") -> bool:
+        """Whether both tables spell every id with the same bytes and mark the same ids special: the one test
+        of "the same vocabulary" (never ``vocab_size``, which padded embeddings change)."""
+        return self.fingerprint == other.fingerprint
 
     def ids_to_bytes(self, ids: list[int]) -> bytes:
         """Concatenated bytes of ``ids`` (list of token ids of this vocabulary)."""
@@ -164,15 +178,27 @@ class Vocabulary:
         return ()
 
 
-def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
-    """True when two tokenizers map every id to the same token string (never judged by ``vocab_size``).
+_VOCABS: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, Vocabulary]" = weakref.WeakKeyDictionary()
 
-    Padded embedding matrices make ``config.vocab_size`` differ for identical tokenizers, and different
-    tokenizers can share a size; only the id -> token map decides.
-    """
-    if a is b:
-        return True
-    return a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+
+def vocabulary(tokenizer: PreTrainedTokenizerBase) -> Vocabulary:
+    """The byte table of ``tokenizer``, read once per tokenizer object (:meth:`Vocabulary.from_tokenizer`)."""
+    try:
+        return _VOCABS[tokenizer]
+    except (KeyError, TypeError):
+        vocab = Vocabulary.from_tokenizer(tokenizer)
+        try:
+            _VOCABS[tokenizer] = vocab
+        except TypeError:
+            pass
+        return vocab
+
+
+def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+    """True when two tokenizers spell every id with the same bytes and mark the same ids special
+    (:meth:`Vocabulary.same_as`; never judged by ``vocab_size``: padded embedding matrices make it differ for
+    identical tokenizers, and different tokenizers can share a size)."""
+    return a is b or vocabulary(a).same_as(vocabulary(b))
 
 
 def convert_prompt(source: Vocabulary, dest: Vocabulary, source_ids: list[int]) -> list[int]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .alignment import convert_prompt
-from .integration import vocabulary
+from .alignment import convert_prompt, vocabulary
 
 
 def _template_ids(tokenizer, messages, **template_kwargs) -> dict[str, torch.Tensor]:

@@ -12,14 +12,13 @@ an accepted block would be overrun), and transformers 5.x decides "different tok
 
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from .compat import cache_kwargs, output_cache_kwargs
 from .drafter import DrafterContextFull, model_device, rollback_cache
+from .proposer import Draft
 from .stats import DecodingStats
 from .verify import verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
@@ -69,9 +68,9 @@ def speculative_generate(
         logits_processor (``LogitsProcessorList``): the target's processors, as prepared by ``generate()``.
         stopping_criteria (``StoppingCriteriaList``): as prepared by ``generate()``.
         generation_config: the merged ``GenerationConfig`` of the call.
-        proposer: a ``CandidateGenerator`` whose ``get_candidates(input_ids)`` returns
-            ``(candidate_ids (1, n + k), candidate_logits (1, k, V_target) or None)``; with logits, sampling
-            uses speculative sampling against ``softmax(candidate_logits)``, otherwise exact matching.
+        proposer: a :class:`~hf_hetspec.proposer.HeterogeneousProposer`; ``proposer.propose(ids)`` gives the
+            next :class:`~hf_hetspec.proposer.Draft`. A sampled call verifies it by speculative sampling
+            against the draft's ``q`` when it has one, otherwise by exact-match sampling.
         stats: filled in place.
         streamer: receives only accepted tokens, one block per target forward.
         generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
@@ -85,7 +84,6 @@ def speculative_generate(
         ``torch.LongTensor`` of shape ``(1, n + new_tokens)``, or ``GenerateDecoderOnlyOutput`` when
         ``return_dict_in_generate``.
     """
-    start = time.perf_counter()
     # transformers <= 5.23 prepares the cache before calling a custom_generate method, 5.24 does not
     cache = past_key_values if past_key_values is not None else DynamicCache(config=target.config)
     if hasattr(cache, "activate_past_recording"):
@@ -102,14 +100,15 @@ def speculative_generate(
     while not finished:
         n = ids.shape[1]
         try:
-            candidate_ids, candidate_logits = proposer.get_candidates(ids)
+            draft_tokens = proposer.propose(ids)
         except DrafterContextFull:
             # the drafter's maximum context is full even after truncation: the target goes on alone
-            candidate_ids, candidate_logits = ids, None
+            draft_tokens = Draft([])
             stats.skipped_drafts += 1
-        k = candidate_ids.shape[1] - n
+        k = len(draft_tokens.target_ids)
         with stats.timer("target_s"):
-            candidate_ids = candidate_ids.to(device)
+            drafted = torch.tensor([draft_tokens.target_ids], dtype=ids.dtype, device=device)  # [1, k]
+            candidate_ids = torch.cat([ids, drafted], dim=1)
             cached = cache.get_seq_length()
             feed = candidate_ids[:, cached:]
             extra = {}
@@ -124,10 +123,10 @@ def speculative_generate(
                 tokens, accepted = verify_greedy(draft, processed)
             else:
                 target_probs = processed.softmax(dim=-1)  # [k+1, V_target]
-                if candidate_logits is None:
+                if draft_tokens.q is None:
                     tokens, accepted = verify_exact_match_sampling(draft, target_probs, generator)
                 else:
-                    draft_probs = candidate_logits[0].to(target_probs).softmax(dim=-1)  # [k, V_target]
+                    draft_probs = draft_tokens.q.to(target_probs)  # [k, V_target]
                     tokens, accepted = verify_speculative_sampling(draft, draft_probs, target_probs, generator)
         stats.target_forwards += 1
         stats.drafted_tokens += k
@@ -151,13 +150,12 @@ def speculative_generate(
             streamer.put(ids[0, n:].cpu())
         # positions n .. n+accepted-1 hold accepted drafts; the last new token is fed next round
         rollback_cache(cache, n + keep - 1)
-        proposer.update_candidate_strategy(ids, processed, accepted)
+        proposer.update_schedule(accepted)
 
     if streamer is not None:
         streamer.end()
     stats.new_tokens = ids.shape[1] - input_ids.shape[1]
-    stats.drafter_truncated_tokens = getattr(getattr(proposer, "drafter", None), "truncated_tokens", 0)
-    stats.total_s = time.perf_counter() - start
+    stats.drafter_truncated_tokens = proposer.context.truncated_tokens
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=ids,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import inspect
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -130,6 +131,7 @@ class PrunedHead:
         return torch.nn.functional.linear(hidden.to(self.weight.device), self.weight, self.bias)
 
 
+@dataclass(frozen=True)
 class DraftStop:
     """When to end a draft before the lookahead is used up, from the drafter's own confidence.
 
@@ -141,33 +143,43 @@ class DraftStop:
     product in expected accepted tokens, so drafting is worth it while the product exceeds ``c + v``
     (Leviathan et al. 2023, Section 3.4, choose the draft length from the acceptance rate and the cost ratio;
     here per draft, from the drafter's confidence). The drafter's confidence overstates the target's
-    agreement, so the tuned default (``integration.DEFAULT_MIN_JOINT``) sits above ``c + v``.
+    agreement, so the tuned default (``plan.DEFAULT_MIN_JOINT``) sits above ``c + v``.
 
     Both decisions depend on the drafter alone, so they never change the output distribution: the number
     of drafts is a stopping time of the drafter's randomness, and speculative sampling is exact for any
     draft length fixed before verification.
 
-    Args:
+    Attributes:
         min_confidence: per-token cut-off in ``[0, 1)`` (0 disables it).
         min_joint: cut-off of the running product in ``[0, 1)`` (0 disables it).
     """
 
-    def __init__(self, min_confidence: float = 0.0, min_joint: float = 0.0):
-        self.min_confidence = min_confidence
-        self.min_joint = min_joint
-        self.joint = 1.0
+    min_confidence: float = 0.0
+    min_joint: float = 0.0
 
-    def __bool__(self) -> bool:
+    @property
+    def enabled(self) -> bool:
+        """Whether either cut-off is set (a disabled stop costs no host sync per drafted token)."""
         return self.min_confidence > 0.0 or self.min_joint > 0.0
 
-    def reset(self) -> None:
-        """Start a new draft."""
-        self.joint = 1.0
+    def ends(self, confidence: float, joint: float) -> bool:
+        """Whether to end the draft after a token drafted with probability ``confidence``, ``joint`` being the
+        product of the probabilities of the draft so far, that token's included."""
+        return confidence < self.min_confidence or joint < self.min_joint
 
-    def __call__(self, confidence: float) -> bool:
-        """Whether to end the draft after a token drafted with probability ``confidence``."""
-        self.joint *= confidence
-        return confidence < self.min_confidence or self.joint < self.min_joint
+
+@dataclass
+class DrafterSteps:
+    """What :meth:`DrafterContext.draft` drafted.
+
+    Attributes:
+        ids: the drafted drafter token ids (1 to ``n_tokens``), also appended to the context.
+        probs: per drafted token, the distribution it was drawn from (``torch.FloatTensor`` of shape
+            ``(1, C)``, ``C`` = the logits' columns), when the selector reported one; else empty.
+    """
+
+    ids: list[int]
+    probs: list[torch.Tensor]
 
 
 class DrafterContext:
@@ -288,41 +300,45 @@ class DrafterContext:
     def draft(
         self,
         n_tokens: int,
-        select: Callable[[torch.Tensor], torch.Tensor],
-        stop: "DraftStop | None" = None,
-    ) -> list[int]:
+        select: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+        stop: DraftStop | None = None,
+    ) -> DrafterSteps:
         """Extend the sequence by up to ``n_tokens`` drafter tokens chosen by ``select``.
 
         Args:
             n_tokens: the most drafter forwards (the lookahead, in drafter tokens), >= 1.
             select: maps the next-token logits (``torch.FloatTensor`` of shape ``(1, V_drafter)``, padded
                 rows of the LM head cut off; ``(1, R)`` after :meth:`restrict_head`) to the chosen column
-                (``torch.LongTensor`` of shape ``(1, 1)``), on the drafter's device; the column is the drafter
+                (``torch.LongTensor`` of shape ``(1, 1)``) and the distribution it was drawn from (``(1, C)``,
+                or ``None`` for a deterministic choice), on the drafter's device; the column is the drafter
                 token id, or indexes the kept rows after :meth:`restrict_head`.
-            stop: ends the draft early from the drafter's confidence (:class:`DraftStop`); ``None`` drafts
-                ``n_tokens``. Costs one host sync per token when given.
+            stop: ends the draft early from the drafter's confidence (:class:`DraftStop`); ``None`` or a
+                disabled stop drafts ``n_tokens``. Costs one host sync per token when enabled.
 
         Returns:
-            the drafted token ids (list of 1 to ``n_tokens`` ints); they are also appended to ``ids``.
+            the drafted ids and the distributions ``select`` reported (:class:`DrafterSteps`).
         """
         n_tokens = min(n_tokens, self.room())
         if n_tokens < 1:
             raise DrafterContextFull(f"the drafter holds at most {self.capacity} positions")
+        stop = stop if stop is not None and stop.enabled else None
         feed = self._uncached_tail()
-        chosen = []
-        if stop is not None:
-            stop.reset()
+        chosen, probs, joint = [], [], 1.0
         for i in range(n_tokens):
             logits = self._forward(feed)
-            column = select(logits)
+            column, q = select(logits)
+            if q is not None:
+                probs.append(q)
             feed = column if self.head is None else self.head.rows[column]
             chosen.append(feed)
             if stop is not None and i + 1 < n_tokens:
-                if stop(float(logits.float().softmax(dim=-1).gather(-1, column))):
+                confidence = float(logits.float().softmax(dim=-1).gather(-1, column))
+                joint *= confidence
+                if stop.ends(confidence, joint):
                     break
         drafted = torch.cat(chosen, dim=1)[0].tolist()  # one host sync per draft
         self.ids.extend(drafted)
-        return drafted
+        return DrafterSteps(drafted, probs)
 
     def room(self) -> int:
         """How many tokens a draft can still have before the drafter's context is full (a large number for a
@@ -359,6 +375,10 @@ class DrafterContext:
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         out = self.model(input_ids=feed, use_cache=True, **kwargs, **cache_kwargs(self.model, self.cache))
         return out.logits[:, -1, : self.n_tokens]
+
+    def append_id(self, drafter_id: int) -> None:
+        """Extend the context by one drafter token (its logits are computed by the next forward)."""
+        self.ids.append(drafter_id)
 
     def append_text(self, text: str) -> None:
         """Extend the context by ``text`` (re-tokenized with the window; the last tokens may be replaced and

@@ -1,21 +1,25 @@
 """What every heterogeneous-vocabulary drafter does between two verifications.
 
-:class:`HeterogeneousProposer` is the ``CandidateGenerator`` base of SLEM, TLI and SLRS: it follows the
-target's accepted ids, keeps the drafter's context on the same text (:class:`~hf_hetspec.drafter.DrafterContext`),
+:class:`HeterogeneousProposer` is the base of SLEM's, TLI's and SLRS's proposers: it follows the target's
+accepted ids, keeps the drafter's context on the same text (:class:`~hf_hetspec.drafter.DrafterContext`),
 respects the length budget, adapts the lookahead, and leaves to each algorithm only :meth:`_propose` --
-how to draft and what to hand to :mod:`hf_hetspec.verify`.
+how to draft, returned as a :class:`Draft` (target ids, and the distribution ``q`` they were drawn from
+when :mod:`hf_hetspec.verify` needs it).
 """
 
 from __future__ import annotations
 
-import torch
-from transformers.generation import CandidateGenerator
+from dataclasses import dataclass
 
+import torch
 from transformers import LogitsProcessorList
 
 from .alignment import Vocabulary, complete_utf8_prefix, convert_prompt, sanitize_utf8
 from .drafter import DrafterContext, DraftStop
 from .stats import DecodingStats
+
+#: The longest draft any schedule grows to (drafter tokens).
+MAX_LOOKAHEAD = 16
 
 
 def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, target_prompt: list[int]) -> list[int]:
@@ -24,21 +28,34 @@ def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, targ
     return convert_prompt(target_vocab, drafter_vocab, target_prompt)
 
 
-class HeterogeneousProposer(CandidateGenerator):
-    """Base ``CandidateGenerator`` for drafters with another vocabulary.
+@dataclass
+class Draft:
+    """One draft, in the target's vocabulary.
+
+    Attributes:
+        target_ids: the ``k >= 0`` drafted target token ids.
+        q (``torch.FloatTensor`` of shape ``(k, V_target)``, or ``None``): for speculative sampling, the
+            distribution each draft token was drawn from (TLI's ``q``, SLRS's ``psi``; one-hot for a greedy
+            draft); ``None`` for exact-match verification (SLEM, and every greedy call).
+    """
+
+    target_ids: list[int]
+    q: torch.Tensor | None = None
+
+
+class HeterogeneousProposer:
+    """Base of the proposers of SLEM, TLI and SLRS (drafters with another vocabulary).
 
     Args:
         target_vocab: byte table of the target tokenizer (padded to the target's LM-head rows).
         drafter: the drafter model.
         drafter_vocab: byte table of the drafter tokenizer (padded to the drafter's LM-head rows).
         input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
-        lookahead: drafter tokens per draft (initial value when ``adaptive``), >= 1.
-        adaptive: grow the lookahead by 2 after a fully accepted draft, shrink it by 1 otherwise
-            (transformers' "heuristic" schedule), within ``[1, max_lookahead]``.
+        schedule: lookahead (initial value when adaptive), adaptation and confidence stop
+            (:class:`~hf_hetspec.plan.Schedule`); adaptive: +2 after a fully accepted draft, -1 otherwise
+            (transformers' "heuristic" schedule), within ``[1, max(MAX_LOOKAHEAD, lookahead)]``.
         max_length: the target's ``generation_config.max_length``; drafts never cross it.
         stats: statistics of the call, updated in place.
-        stop: ends drafts early from the drafter's confidence (:class:`~hf_hetspec.drafter.DraftStop`);
-            ``None`` or a disabled one: every draft has ``lookahead`` drafter tokens.
         window: tokens of context re-encoded with new text on either side.
         drafter_prompt: the prompt in drafter ids (e.g. the drafter's own chat template applied to the same
             messages, ``generate(assistant_input_ids=...)``); default: the target prompt converted by
@@ -52,42 +69,37 @@ class HeterogeneousProposer(CandidateGenerator):
         drafter_vocab: Vocabulary,
         input_ids: torch.LongTensor,
         *,
-        lookahead: int,
-        adaptive: bool,
+        schedule,
         max_length: int,
         stats: DecodingStats,
-        max_lookahead: int = 16,
         window: int = 4,
-        stop: DraftStop | None = None,
         drafter_prompt: list[int] | None = None,
     ):
         self.target_vocab = target_vocab
         self.drafter_vocab = drafter_vocab
-        self.lookahead = lookahead
-        self.adaptive = adaptive
-        self.max_lookahead = max(max_lookahead, lookahead)
+        self.lookahead = schedule.lookahead
+        self.adaptive = schedule.adaptive
+        self.max_lookahead = max(MAX_LOOKAHEAD, schedule.lookahead)
+        self.stop: DraftStop | None = schedule.stop if schedule.stop.enabled else None
         self.max_length = max_length
         self.stats = stats
-        self.stop = stop if stop else None
         self.target_ids: list[int] = input_ids[0].tolist()
         self.target_gen_bytes = b""
         with stats.timer("translation_s"):
             prompt = drafter_prompt if drafter_prompt else drafter_prompt_ids(target_vocab, drafter_vocab,
                                                                               self.target_ids)
-        self.drafter = DrafterContext(drafter, drafter_vocab, prompt, window)
+        self.context = DrafterContext(drafter, drafter_vocab, prompt, window)
         self._last_draft_len = 0
 
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
-        """Return ``(candidate_input_ids, candidate_logits)``.
+    def propose(self, input_ids: torch.LongTensor) -> Draft:
+        """Follow the accepted ids and draft what comes next.
 
         Args:
             input_ids (``torch.LongTensor`` of shape ``(1, n)``): accepted target ids.
 
         Returns:
-            ``candidate_input_ids`` (``torch.LongTensor`` of shape ``(1, n + k)``): ``input_ids`` followed by
-            ``k >= 0`` draft tokens in the target vocabulary; ``candidate_logits``
-            (``torch.FloatTensor`` of shape ``(1, k, V_target)``) whose softmax is the distribution each draft
-            token was sampled from, or ``None`` for exact-match verification.
+            the next :class:`Draft` (no token when there is no room, or when the target stopped inside a
+            character and must finish it alone).
         """
         self._last_draft_len = 0
         new = input_ids[0, len(self.target_ids) :].tolist()
@@ -98,30 +110,27 @@ class HeterogeneousProposer(CandidateGenerator):
         if budget < 1 or complete_utf8_prefix(text) < len(text):
             # no room, or the target stopped inside a character: let it finish on its own
             self.stats.skipped_drafts += 1
-            return input_ids, None
+            return Draft([])
         with self.stats.timer("translation_s"):
-            self.drafter.sync(sanitize_utf8(text))
-        # token-level algorithms draft one target token per drafter token: never more than can be verified
-        self.draft_len = min(self.lookahead, budget, self.drafter.room())
-        forwards = self.drafter.forwards
-        candidates, logits = self._propose(budget)
-        self.stats.drafter_forwards += self.drafter.forwards - forwards
-        if not candidates:
-            return input_ids, None
-        self._last_draft_len = len(candidates)
-        self.stats.lookaheads.append(self.lookahead)
-        extra = torch.tensor([candidates], dtype=input_ids.dtype, device=input_ids.device)
-        return torch.cat([input_ids, extra], dim=1), logits
+            self.context.sync(sanitize_utf8(text))
+        forwards = self.context.forwards
+        draft = self._propose(budget)
+        self.stats.drafter_forwards += self.context.forwards - forwards
+        if draft.target_ids:
+            self._last_draft_len = len(draft.target_ids)
+            self.stats.lookaheads.append(self.lookahead)
+        return draft
 
-    def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
-        """Draft up to ``budget`` target tokens: ``(target ids, candidate_logits (1, k, V_target) or None)``."""
+    def _propose(self, budget: int) -> Draft:
+        """Draft up to ``budget`` target tokens."""
         raise NotImplementedError
 
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
-        """Adapt the lookahead: +2 after a fully accepted draft, -1 otherwise (when ``adaptive``)."""
+    def update_schedule(self, num_accepted: int) -> None:
+        """Adapt the lookahead after a verification that accepted ``num_accepted`` draft tokens: +2 after a
+        fully accepted draft, -1 otherwise (when the schedule is adaptive)."""
         if not self.adaptive or self._last_draft_len == 0:
             return
-        if num_matches >= self._last_draft_len:
+        if num_accepted >= self._last_draft_len:
             self.lookahead = min(self.lookahead + 2, self.max_lookahead)
         else:
             self.lookahead = max(1, self.lookahead - 1)
@@ -169,12 +178,12 @@ class TokenLevelProposer(HeterogeneousProposer):
         **kwargs,
     ):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, **kwargs)
-        device = self.drafter.device
-        mapped = drafter_to_target[: self.drafter.n_tokens]
+        device = self.context.device
+        mapped = drafter_to_target[: self.context.n_tokens]
         self.map_list = mapped.tolist()  # indexed by drafter id
         # columns of the drafter's logits: every drafter id, or only the mapped ones with a pruned LM head
         kept = (mapped >= 0).nonzero().squeeze(1)
-        if prune_head and self.drafter.restrict_head(kept):
+        if prune_head and self.context.restrict_head(kept):
             self.stats.drafter_head_rows = int(kept.numel())
             mapped = mapped[kept]
         self.map = mapped.to(device)  # [columns] -> target id
@@ -195,9 +204,14 @@ class TokenLevelProposer(HeterogeneousProposer):
             scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
         return scores.softmax(dim=-1)
 
-    def one_hot_log_q(self, targets: list[int]) -> torch.Tensor:
-        """``log q`` of greedy drafts, ``(1, k, V_target)`` on the drafter's device: 0 at each drafted target
-        id, ``-inf`` elsewhere (``q`` is one-hot: the draft was certain to be that token)."""
-        log_q = torch.full((1, len(targets), self.target_size), float("-inf"), device=self.drafter.device)
-        log_q[0, torch.arange(len(targets), device=log_q.device), torch.tensor(targets, device=log_q.device)] = 0.0
-        return log_q
+    def one_hot_q(self, targets: list[int]) -> torch.Tensor:
+        """``q`` of greedy drafts, ``(k, V_target)`` on the drafter's device: 1 at each drafted target id, 0
+        elsewhere (the draft was certain to be that token)."""
+        q = torch.zeros(len(targets), self.target_size, device=self.context.device)
+        q[torch.arange(len(targets), device=q.device), torch.tensor(targets, device=q.device)] = 1.0
+        return q
+
+    def token_level_length(self, budget: int) -> int:
+        """Drafter tokens in the next draft: one target token per drafter token, so never more than can be
+        verified (``budget``) or than the drafter's context holds."""
+        return min(self.lookahead, budget, self.context.room())

@@ -14,15 +14,15 @@ import torch
 
 from .alignment import TextWindowConverter, valid_utf8_prefix
 from .intersection import special_token_pairs
-from .proposer import HeterogeneousProposer
+from .proposer import Draft, HeterogeneousProposer
 
 
-def greedy_select(logits: torch.Tensor) -> torch.Tensor:
-    """``argmax`` of ``logits`` (``(1, V)``) as a ``(1, 1)`` token tensor."""
-    return logits.argmax(dim=-1, keepdim=True)
+def greedy_select(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """``argmax`` of ``logits`` (``(1, V)``) as a ``(1, 1)`` token tensor; a deterministic choice (no ``q``)."""
+    return logits.argmax(dim=-1, keepdim=True), None
 
 
-class SLEMCandidateGenerator(HeterogeneousProposer):
+class SLEMProposer(HeterogeneousProposer):
     """Drafts target-token candidates for SLEM (Timor et al. 2025, Algorithm 2); exact-match verification.
 
     Arguments as :class:`~hf_hetspec.proposer.HeterogeneousProposer`.
@@ -34,13 +34,12 @@ class SLEMCandidateGenerator(HeterogeneousProposer):
         # a special drafter token ends the draft; its target counterpart (by role or content) is proposed
         self.special_to_target = dict(special_token_pairs(target_vocab, drafter_vocab))
 
-    def _propose(self, budget: int) -> tuple[list[int], None]:
+    def _propose(self, budget: int) -> Draft:
         with self.stats.timer("drafter_s"):
             # not capped by the budget: a target token can take several drafter tokens to spell
-            self.draft_len = min(self.lookahead, self.drafter.room())
-            drafted = self.drafter.draft(self.draft_len, greedy_select, self.stop)
+            steps = self.context.draft(min(self.lookahead, self.context.room()), greedy_select, self.stop)
         with self.stats.timer("translation_s"):
-            return self._to_target(drafted)[:budget], None
+            return Draft(self._to_target(steps.ids)[:budget])
 
     def _to_target(self, drafted: list[int]) -> list[int]:
         """Target ids spelling the drafted text (cut at the first special drafter token)."""
@@ -49,7 +48,7 @@ class SLEMCandidateGenerator(HeterogeneousProposer):
             if tok in self.drafter_vocab.special_ids:
                 if tok in self.special_to_target:
                     tail = [self.special_to_target[tok]]
-                self.drafter.discard_draft_after(j)
+                self.context.discard_draft_after(j)
                 drafted = drafted[:j]
                 break
         data = self.drafter_vocab.ids_to_bytes(drafted)

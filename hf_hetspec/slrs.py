@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from .intersection import push_forward
-from .proposer import TokenLevelProposer
+from .proposer import Draft, TokenLevelProposer
 
 
 _EXACT_CACHE: dict[tuple[str, str], dict[int, int]] = {}
@@ -64,7 +64,7 @@ def _exact_drafter_ids(target_vocab, drafter_vocab, prefix_map: list[int]) -> di
     return _EXACT_CACHE[key]
 
 
-class SLRSCandidateGenerator(TokenLevelProposer):
+class SLRSProposer(TokenLevelProposer):
     """Drafts target tokens by string-level rejection sampling with the one-token indicator.
 
     Args:
@@ -86,38 +86,38 @@ class SLRSCandidateGenerator(TokenLevelProposer):
         q = self.drafter_distribution(logits)
         return q, push_forward(q, self.map, self.target_size)
 
-    def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
+    def _propose(self, budget: int) -> Draft:
         targets: list[int] = []
         psis: list[torch.Tensor] = []
         tb_target, tb_drafter = self.target_vocab.token_bytes, self.drafter_vocab.token_bytes
-        if self.stop is not None:
-            self.stop.reset()
-        for _ in range(self.draft_len):
+        joint = 1.0
+        for _ in range(self.token_level_length(budget)):
             with self.stats.timer("drafter_s"):
-                q, psi = self._psi(self.drafter.next_logits())
+                q, psi = self._psi(self.context.next_logits())
                 if not self.greedy_draft:
                     d = int(torch.multinomial(q[0], 1, generator=self.generator))
                     t = self.map_list[d]
                     psis.append(psi)
-                    confidence = q[0, d]
+                    confidence = float(q[0, d])
                 else:
                     t = int(psi[0].argmax())
                     d = self.exact_drafter_id.get(t)
-                    confidence = psi[0, t]
+                    confidence = float(psi[0, t])
             targets.append(t)
-            if t in self.target_eos or (self.stop is not None and self.stop(float(confidence))):
+            joint *= confidence
+            if t in self.target_eos or (self.stop is not None and self.stop.ends(confidence, joint)):
                 break  # the drafter's context catches up on the proposed text at the next sync
             with self.stats.timer("translation_s"):
                 if d is not None and tb_drafter[d] == tb_target[t]:
-                    self.drafter.ids.append(d)
+                    self.context.append_id(d)
                     continue
                 try:
                     text = tb_target[t].decode("utf-8")
                 except UnicodeDecodeError:
                     break  # t ends inside a character: the drafter cannot continue from its text
-                self.drafter.append_text(text)
+                self.context.append_text(text)
         if not self.sampling or not targets:
-            return targets, None
+            return Draft(targets)
         if self.greedy_draft:
-            return targets, self.one_hot_log_q(targets)
-        return targets, torch.cat(psis, dim=0).log()[None]  # [1, k, V_target]
+            return Draft(targets, self.one_hot_q(targets))
+        return Draft(targets, torch.cat(psis, dim=0))  # [k, V_target]

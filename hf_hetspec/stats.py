@@ -31,6 +31,18 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 
+def acceptance_rate(accepted_tokens: int, drafted_tokens: int) -> float | None:
+    """Accepted draft tokens / drafted tokens (module docstring), ``None`` when nothing was drafted."""
+    return accepted_tokens / drafted_tokens if drafted_tokens else None
+
+
+def alpha(accepted_tokens: int, rejections: int) -> float | None:
+    """Leviathan et al.'s alpha, accepted / (accepted + rejections) (module docstring), ``None`` when
+    verification examined no drafted token."""
+    examined = accepted_tokens + rejections
+    return accepted_tokens / examined if examined else None
+
+
 @dataclass
 class DecodingStats:
     """Statistics of one ``generate()`` call (see the module docstring for definitions)."""
@@ -56,14 +68,13 @@ class DecodingStats:
     @property
     def acceptance_rate(self) -> float:
         """Accepted draft tokens / drafted tokens (0.0 when nothing was drafted)."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        return acceptance_rate(self.accepted_tokens, self.drafted_tokens) or 0.0
 
     @property
     def alpha(self) -> float:
         """Accepted / (accepted + rejections): the share of drafted tokens reached by verification that were
         accepted, Leviathan et al.'s alpha (0.0 when nothing was examined)."""
-        examined = self.accepted_tokens + self.rejections
-        return self.accepted_tokens / examined if examined else 0.0
+        return alpha(self.accepted_tokens, self.rejections) or 0.0
 
     @property
     def mean_accepted_per_forward(self) -> float:

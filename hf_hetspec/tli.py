@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 
 from .intersection import VocabularyIntersection, push_forward
-from .proposer import TokenLevelProposer
+from .proposer import Draft, TokenLevelProposer
 
 
-class TLICandidateGenerator(TokenLevelProposer):
+class TLIProposer(TokenLevelProposer):
     """Drafts target tokens from the vocabulary intersection (Timor et al. 2025, Algorithm 4).
 
     Args:
@@ -37,31 +37,29 @@ class TLICandidateGenerator(TokenLevelProposer):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids,
                          drafter_to_target=intersection.drafter_to_target, target_size=intersection.target_size,
                          prune_head=True, **kwargs)
-        self._probs: list[torch.Tensor] = []
 
-    def _select(self, logits: torch.Tensor) -> torch.Tensor:
+    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's choice from its next-token logits (``(1, C)``): the argmax over the intersection
+        (greedy drafts; no distribution), or a sample of ``q`` with ``q`` itself (``(1, C)``)."""
         if self.greedy_draft:
-            return (logits.float() + self.mask).argmax(dim=-1, keepdim=True)
+            return (logits.float() + self.mask).argmax(dim=-1, keepdim=True), None
         q = self.drafter_distribution(logits)
-        self._probs.append(q)
-        return torch.multinomial(q, 1, generator=self.generator)
+        return torch.multinomial(q, 1, generator=self.generator), q
 
-    def _propose(self, budget: int) -> tuple[list[int], torch.Tensor | None]:
-        self._probs = []
+    def _propose(self, budget: int) -> Draft:
         with self.stats.timer("drafter_s"):
-            drafted = self.drafter.draft(self.draft_len, self._select, self.stop)
+            steps = self.context.draft(self.token_level_length(budget), self.select, self.stop)
         with self.stats.timer("translation_s"):
-            targets = [self.map_list[d] for d in drafted]
+            targets = [self.map_list[d] for d in steps.ids]
             k = min(budget, len(targets))
             for j in range(k):
                 if targets[j] in self.target_eos:  # nothing is generated after an accepted EOS
                     k = j + 1
                     break
-            if k < len(drafted):
-                self.drafter.discard_draft_after(k)
+            if k < len(steps.ids):
+                self.context.discard_draft_after(k)
             if not self.sampling or k == 0:
-                return targets[:k], None
+                return Draft(targets[:k])
             if self.greedy_draft:
-                return targets[:k], self.one_hot_log_q(targets[:k])
-            q = push_forward(torch.cat(self._probs[:k], dim=0), self.map, self.target_size)  # [k, V_target]
-            return targets[:k], q.log()[None]
+                return Draft(targets[:k], self.one_hot_q(targets[:k]))
+            return Draft(targets[:k], push_forward(torch.cat(steps.probs[:k], dim=0), self.map, self.target_size))

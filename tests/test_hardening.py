@@ -57,8 +57,9 @@ from hf_hetspec.alignment import (
 from hf_hetspec.tools.checker import compare_greedy
 from hf_hetspec.compat import cache_from_kwargs
 from hf_hetspec.drafter import DrafterContext
-from hf_hetspec.integration import vocabulary
-from hf_hetspec.slem import SLEMCandidateGenerator
+from hf_hetspec.alignment import vocabulary
+from hf_hetspec.plan import Schedule
+from hf_hetspec.slem import SLEMProposer
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.testing import verify_lossless
 from hf_hetspec.testing.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer, tiny_causal_lm
@@ -622,11 +623,11 @@ def test_slem_drafts_of_literal_special_text_stay_plain_target_tokens(request, p
     pair = _pair_by_name(request, pair_name)
     target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
     prompt = _ids(pair, pair.prompts[0])
-    proposer = SLEMCandidateGenerator(target_vocab, pair.drafter, drafter_vocab, prompt, lookahead=4,
-                                      adaptive=False, max_length=100, stats=DecodingStats())
+    proposer = SLEMProposer(target_vocab, pair.drafter, drafter_vocab, prompt, schedule=Schedule(4, False),
+                            max_length=100, stats=DecodingStats())
     drafted = drafter_vocab.encode(LITERAL_TEXT)
     assert not _specials(drafter_vocab, drafted)
-    proposer.drafter.ids.extend(drafted)
+    proposer.context.ids.extend(drafted)
     target_ids = proposer._to_target(drafted)
     assert target_vocab.ids_to_bytes(target_ids) == LITERAL_TEXT.encode()
     assert not _specials(target_vocab, target_ids)

@@ -20,7 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
 from hf_hetspec.compat import cache_argument, cache_from_kwargs, output_cache, output_cache_kwargs
-from hf_hetspec.tools.runner import count_target_forwards
+from hf_hetspec.tools.runner import count_forwards
 from hf_hetspec.testing.toy import tiny_causal_lm
 from conftest import ForwardCounter
 
@@ -133,7 +133,7 @@ def test_rejections_and_alpha(toy_pair, text):
     counts only the drafted tokens it reached. The bench's target hook reads the same rejections from the
     target's cache, except the last round's."""
     ids = _ids(toy_pair, text)
-    with count_target_forwards(toy_pair.target) as hooked:
+    with count_forwards(toy_pair.target) as hooked:
         _hetspec(toy_pair, ids, max_new_tokens=30, do_sample=False, num_assistant_tokens=6,
                  num_assistant_tokens_schedule="constant")
     s = hf_hetspec.last_stats(toy_pair.target)
@@ -237,35 +237,37 @@ def test_default_schedules(toy_pair):
     """SLEM by default: drafts of at most DEFAULT_MAX_LOOKAHEAD drafter tokens (ended earlier by the
     drafter's joint confidence, see test_draft_stop); TLI by default: transformers' +2/-1 rule starting at
     DEFAULT_LOOKAHEAD."""
-    from hf_hetspec import integration
+    from hf_hetspec import plan
 
     ids = _ids(toy_pair, toy_pair.prompts[0])
     ref = _reference(toy_pair, ids, max_new_tokens=40, do_sample=False)
     out = _hetspec(toy_pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm="slem")
     assert out.tolist() == ref.tolist()
     stats = hf_hetspec.last_stats(toy_pair.target)
-    assert set(stats.lookaheads) == {integration.DEFAULT_MAX_LOOKAHEAD}
-    assert stats.drafter_forwards <= stats.target_forwards * integration.DEFAULT_MAX_LOOKAHEAD
+    assert set(stats.lookaheads) == {plan.SLEM_MAX_LOOKAHEAD}
+    assert stats.drafter_forwards <= stats.target_forwards * plan.SLEM_MAX_LOOKAHEAD
     out = _hetspec(toy_pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm="tli")
     assert out.tolist() == ref.tolist()
     lookaheads = hf_hetspec.last_stats(toy_pair.target).lookaheads
-    assert lookaheads[0] == integration.DEFAULT_LOOKAHEAD and len(set(lookaheads)) > 1
+    assert lookaheads[0] == plan.DEFAULT_LOOKAHEAD and len(set(lookaheads)) > 1
     assert all(abs(b - a) in (1, 2) or b == a for a, b in zip(lookaheads, lookaheads[1:]))
 
 
 def test_draft_stop():
     """DraftStop ends a draft after a token below min_confidence or once the running product of the
-    drafted tokens' probabilities falls below min_joint; reset() starts a new draft."""
+    drafted tokens' probabilities falls below min_joint."""
+    import itertools
+
     from hf_hetspec.drafter import DraftStop
 
     stop = DraftStop(min_joint=0.35)
     # running products 0.9, 0.72, 0.432, 0.3888, 0.2722: the fifth token ends the draft
-    assert [stop(p) for p in (0.9, 0.8, 0.6, 0.9, 0.7)] == [False, False, False, False, True]
-    stop.reset()
-    assert stop(0.9) is False and stop.joint == pytest.approx(0.9)
+    confidences = (0.9, 0.8, 0.6, 0.9, 0.7)
+    joints = itertools.accumulate(confidences, lambda a, b: a * b)
+    assert [stop.ends(p, j) for p, j in zip(confidences, joints)] == [False, False, False, False, True]
     per_token = DraftStop(min_confidence=0.5)
-    assert [per_token(p) for p in (0.9, 0.9, 0.4)] == [False, False, True]
-    assert not DraftStop() and DraftStop(min_joint=0.1) and DraftStop(min_confidence=0.1)
+    assert [per_token.ends(p, 1.0) for p in (0.9, 0.9, 0.4)] == [False, False, True]
+    assert not DraftStop().enabled and DraftStop(min_joint=0.1).enabled and DraftStop(min_confidence=0.1).enabled
 
 
 def test_drafter_in_another_dtype(toy_pair):

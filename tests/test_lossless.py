@@ -39,7 +39,7 @@ import hf_hetspec
 import hf_hetspec.decoding
 from hf_hetspec.intersection import push_forward
 from hf_hetspec.proposer import TokenLevelProposer
-from hf_hetspec.slrs import SLRSCandidateGenerator
+from hf_hetspec.slrs import SLRSProposer
 from hf_hetspec.testing import (
     check_lossless,
     chi_square_power,
@@ -51,7 +51,7 @@ from hf_hetspec.testing import (
     transformers_sampler,
     verify_lossless,
 )
-from hf_hetspec.tli import TLICandidateGenerator
+from hf_hetspec.tli import TLIProposer
 from hf_hetspec.verify import _accepted_prefix, residual_distribution
 
 ALPHA = 1e-3
@@ -403,10 +403,10 @@ def test_rejects_tli_whose_q_is_taken_before_the_drafter_warpers(real_pair, monk
 
     def q_before_warpers(self, logits):
         q = self.drafter_distribution(logits)  # [1, columns], warped: what the draft is drawn from
-        self._probs.append((logits.float() + self.mask).softmax(dim=-1))  # BROKEN: unwarped
-        return torch.multinomial(q, 1, generator=self.generator)
+        unwarped = (logits.float() + self.mask).softmax(dim=-1)  # BROKEN: reported as the draft's q
+        return torch.multinomial(q, 1, generator=self.generator), unwarped
 
-    monkeypatch.setattr(TLICandidateGenerator, "_select", q_before_warpers)
+    monkeypatch.setattr(TLIProposer, "select", q_before_warpers)
     report, sampler = _real_report(real_pair(*names), names, "tli", "t0.7", n=400)
     _assert_rejected(report)
     assert sampler.accepted_tokens > 0
@@ -430,7 +430,7 @@ def test_rejects_slrs_whose_psi_counts_only_the_intersection(real_pair, monkeypa
         kept = kept / kept.sum().clamp_min(torch.finfo(q.dtype).tiny)
         return q, push_forward(kept, self.map, self.target_size)
 
-    monkeypatch.setattr(SLRSCandidateGenerator, "_psi", psi_over_the_intersection)
+    monkeypatch.setattr(SLRSProposer, "_psi", psi_over_the_intersection)
     report, sampler = _real_report(pair, names, "slrs", "t1")
     _assert_rejected(report)
     assert sampler.accepted_tokens > 0
@@ -444,13 +444,13 @@ def test_rejects_greedy_drafts_verified_as_if_they_were_sampled(real_pair, monke
     unbroken in the ``-greedy-draft`` cells of ``test_sampling_is_lossless_on_real_vocabularies``."""
     names = ("qwen2.5-coder", "smollm2") if algorithm == "tli" else ("gemma3", "qwen2.5-coder")
 
-    original = TokenLevelProposer.one_hot_log_q
+    original = TokenLevelProposer.one_hot_q
 
     def half_sure(self, targets):
-        one_hot = original(self, targets).exp()  # [1, k, V_target]
-        return (0.5 * one_hot + 0.5 * (1 - one_hot) / (one_hot.shape[-1] - 1)).log()  # BROKEN
+        one_hot = original(self, targets)  # [k, V_target]
+        return 0.5 * one_hot + 0.5 * (1 - one_hot) / (one_hot.shape[-1] - 1)  # BROKEN
 
-    monkeypatch.setattr(TokenLevelProposer, "one_hot_log_q", half_sure)
+    monkeypatch.setattr(TokenLevelProposer, "one_hot_q", half_sure)
     report, sampler = _real_report(real_pair(*names), names, algorithm, "t1", draft="greedy-draft")
     _assert_rejected(report)
     assert sampler.accepted_tokens > 0

@@ -36,8 +36,10 @@ from pathlib import Path
 
 import torch
 
-from ..integration import vocabulary
+from ..alignment import vocabulary
 from ..intersection import VocabularyIntersection, intersection_for
+from ..plan import choose_algorithm, choose_schedule
+from ..proposer import MAX_LOOKAHEAD
 from . import zoo
 from .common import DTYPES, CLIError, check_model_argument, console, default_device, load_model, set_threads
 from .tasks import DEFAULT_SPEC_BENCH, read_spec_bench
@@ -48,13 +50,6 @@ SPAN_TOKENS = 8
 MAX_TEXT_TOKENS = 256
 #: Default number of sample texts.
 DEFAULT_TEXTS = 16
-#: Sampling: TLI when at least this share of the target's probability mass lies in the intersection, else SLRS.
-TLI_MIN_TARGET_MASS = 0.95
-#: Below this share of the drafter's tokens in the intersection, TLI and SLRS have nothing to draft: SLEM.
-MIN_SHARED_DRAFTER = 0.01
-#: Lookahead without a measured acceptance rate: the adaptive schedule's starting value (integration.py).
-DEFAULT_LOOKAHEAD = 5
-MAX_LOOKAHEAD = 16
 
 SPEC_BENCH_ENV = "HF_HETSPEC_SPEC_BENCH"
 
@@ -479,58 +474,29 @@ def recommend(analysis: PairAnalysis, do_sample: bool, *, acceptance_rate: float
               cost_ratio: float | None = None) -> tuple[str, int, str]:
     """The algorithm and lookahead to use for a pair, and why.
 
-    The rule (numbers behind it: README "Choosing a drafter"):
-
-    * identical vocabularies: every algorithm reduces to standard speculative decoding; SLEM for greedy,
-      TLI (plain speculative sampling) for sampling;
-    * under ``MIN_SHARED_DRAFTER`` (1%) of the drafter's ids in the intersection: SLEM (TLI and SLRS would
-      have almost nothing to draft);
-    * greedy decoding: SLEM. Exact match accepts any drafter token whose text the target would also write,
-      with no intersection to restrict the drafter (measured with ``benchmarks/algorithms.py``, Qwen2.5-Coder-1.5B
-      + SmolLM2-135M, HumanEval/0-2: SLEM 1.92x vs TLI 1.45x and SLRS 1.50x);
-    * sampling: TLI when the target puts at least ``TLI_MIN_TARGET_MASS`` (95%) of its probability on the
-      intersection: TLI's acceptance rate is capped by that mass, which then costs at most 5 points, and it
-      verifies with plain speculative sampling. Below it, SLRS, which keeps the drafter's mass outside the
-      intersection (each unshared drafter token proposes its longest target prefix) instead of
-      renormalizing it away. Without a measured mass the drafter's share of shared ids stands in for it.
+    The algorithm is what ``generate(hetspec_algorithm="auto")`` runs for this pair: both come from
+    :func:`hf_hetspec.plan.choose_algorithm`, whose docstring gives the rule and the measurements behind it.
 
     Lookahead: with a measured ``acceptance_rate`` and ``cost_ratio`` (drafter step / target step, e.g. from
-    ``hf-hetspec bench``), the ``k`` maximizing Leviathan et al.'s expected speedup; otherwise
-    ``DEFAULT_LOOKAHEAD``, where hf_hetspec's adaptive schedule starts (+2 after a fully accepted draft, -1
-    otherwise).
+    ``hf-hetspec bench``), the ``k`` maximizing Leviathan et al.'s expected speedup; otherwise the first
+    draft length of the algorithm's default schedule (:func:`hf_hetspec.plan.choose_schedule`).
 
     Returns:
         ``(algorithm, lookahead, reason)`` with ``algorithm`` one of ``"slem"``, ``"tli"``, ``"slrs"``.
     """
+    algorithm, why = choose_algorithm("auto", identical=analysis.identical, do_sample=do_sample,
+                                      drafter_share=analysis.drafter_share)
     if acceptance_rate is not None and cost_ratio is not None:
         lookahead = best_lookahead(acceptance_rate, cost_ratio)
         why_k = (f"lookahead {lookahead} maximizes the expected speedup at acceptance rate "
                  f"{acceptance_rate:.2f} and cost ratio {cost_ratio:.3f}")
     else:
-        lookahead = DEFAULT_LOOKAHEAD
-        why_k = f"lookahead {lookahead} is where the adaptive schedule starts (no measured acceptance rate)"
-    if analysis.identical:
-        algorithm = "tli" if do_sample else "slem"
-        return algorithm, lookahead, f"identical vocabularies: standard speculative decoding; {why_k}"
-    if analysis.drafter_share < MIN_SHARED_DRAFTER:
-        return "slem", lookahead, (
-            f"only {analysis.drafter_share:.2%} of the drafter's tokens are shared (< {MIN_SHARED_DRAFTER:.0%}): "
-            f"token-level drafting has nothing to propose; {why_k}")
-    if not do_sample:
-        return "slem", lookahead, (
-            "greedy: exact match accepts every drafter token whose text the target also writes, with the "
-            f"drafter's full vocabulary; {why_k}")
-    mass = analysis.target_mass_in_intersection
-    what = "of the target's probability mass"
-    if mass is None:
-        mass, what = analysis.drafter_share, "of the drafter's tokens (target mass not measured)"
-    if mass >= TLI_MIN_TARGET_MASS:
-        return "tli", lookahead, (
-            f"sampling: {mass:.1%} {what} lies in the intersection (>= {TLI_MIN_TARGET_MASS:.0%}), so "
-            f"restricting the drafter to it costs little; {why_k}")
-    return "slrs", lookahead, (
-        f"sampling: only {mass:.1%} {what} lies in the intersection (< {TLI_MIN_TARGET_MASS:.0%}); SLRS keeps "
-        f"the drafter's mass outside it; {why_k}")
+        schedule = choose_schedule(algorithm)
+        lookahead = schedule.lookahead
+        why_k = (f"lookahead {lookahead} is where the default schedule starts" if schedule.adaptive
+                 else f"drafts of up to {lookahead} drafter tokens, ended by the drafter's joint confidence")
+        why_k += " (no measured acceptance rate)"
+    return algorithm, lookahead, f"{why}; {why_k}"
 
 
 # --------------------------------------------------------------------------------------------------------

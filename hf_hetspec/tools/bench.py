@@ -78,7 +78,9 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__, integration
+from .. import __version__
+from ..plan import ALGORITHMS
+from ..stats import acceptance_rate, alpha
 from . import pairing, zoo
 from .analyze import expected_speedup
 from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
@@ -216,10 +218,9 @@ def aggregate(records: list[dict]) -> dict:
         "tpot_ms": _ratio(1000 * sum(r["seconds"] - r["ttft_seconds"] for r in decoded),
                           sum(r["new_tokens"] - 1 for r in decoded)) if decoded else None,
         "ttft_ms": 1000 * statistics.fmean(r["ttft_seconds"] for r in timed) if timed else None,
-        "acceptance_rate": _ratio(sum(r["accepted_tokens"] for r in records),
-                                  sum(r["drafted_tokens"] for r in records)),
-        "alpha": _ratio(sum(r["accepted_tokens"] for r in records),
-                        sum(r["accepted_tokens"] + r.get("rejections", 0) for r in records)),
+        "acceptance_rate": acceptance_rate(sum(r["accepted_tokens"] for r in records),
+                                          sum(r["drafted_tokens"] for r in records)),
+        "alpha": alpha(sum(r["accepted_tokens"] for r in records), sum(r.get("rejections", 0) for r in records)),
         "tokens_per_forward": _ratio(tokens, forwards),
         "drafter_s": sum(s["drafter_s"] for s in stats) if stats else None,
         "target_s": sum(s["target_s"] for s in stats) if stats else None,
@@ -257,8 +258,8 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
         speedup = _ratio(totals["tokens_per_second"], base[(task, temperature)])
         drafter = {"target": None, "homogeneous": "homogeneous_drafter"}.get(method, "drafter")
         cost = _ratio(step_seconds[drafter], step_seconds["target"]) if drafter else None
-        alpha, gamma = totals["alpha"], totals["mean_lookahead"]
-        theory = expected_speedup(alpha, gamma, cost) if None not in (alpha, gamma, cost) else None
+        measured_alpha, gamma = totals["alpha"], totals["mean_lookahead"]
+        theory = expected_speedup(measured_alpha, gamma, cost) if None not in (measured_alpha, gamma, cost) else None
         if method == "target":
             totals.update(mean_lookahead=None)
         rows.append({
@@ -502,7 +503,7 @@ def add_command(sub) -> None:
     bench.add_argument("--homogeneous-drafter", metavar="NAME_OR_PATH", default=None,
                        help="also run transformers' standard assisted generation with this same-vocabulary "
                        "drafter (e.g. qwen2.5-coder-0.5b-instruct for the 1.5B target)")
-    bench.add_argument("--algorithms", nargs="+", choices=integration.ALGORITHMS, default=None, metavar="ALG",
+    bench.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None, metavar="ALG",
                        help="hf_hetspec algorithms (default slem tli slrs; --quick: slem)")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip transformers' universal assisted generation")

@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 
 from .. import integration
+from ..plan import ALGORITHMS
+from ..stats import acceptance_rate
 from ..testing import verify_lossless
 from . import analyze, bench, pairing, zoo
 from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
@@ -341,7 +343,7 @@ def _per_prompt_table(prompts, runs: dict[str, list[MethodRun]], algorithm: str)
             verdict = "" if run.comparison is None else f" {run.comparison.verdict}"
             cells.append(f"{run.tokens_per_second:.2f}{verdict}")
         ours = runs["hf_hetspec"][i]
-        acceptance = ours.accepted_tokens / ours.drafted_tokens if ours.drafted_tokens else None
+        acceptance = acceptance_rate(ours.accepted_tokens, ours.drafted_tokens)
         table.add_row(prompt.prompt_id, str(runs["target"][i].new_tokens), *cells, _fmt(acceptance, ".2f"))
     return table
 
@@ -359,7 +361,7 @@ def _add_model_options(parser, required: bool) -> None:
     parser.add_argument("--drafter", metavar="NAME_OR_PATH", default=None if required else DEMO_DRAFTER,
                         help="drafter model, any vocabulary"
                         + ("" if required else f" (default {DEMO_DRAFTER})"), **kwargs)
-    parser.add_argument("--algorithm", choices=integration.ALGORITHMS, default="auto",
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="auto",
                         help="hf_hetspec algorithm (default auto: hf_hetspec chooses, SLEM for greedy "
                         "decoding; the output names the algorithm that ran)")
     parser.add_argument("--lookahead", type=int, default=None, metavar="K",

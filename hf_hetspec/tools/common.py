@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .. import integration
+from ..plan import IMPLEMENTED
 from . import zoo
 
 DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -127,10 +127,10 @@ def fetch_model(name: str) -> None:
 
 def check_algorithm(algorithm: str) -> None:
     """Refuse an algorithm this version does not implement before any model is loaded."""
-    if algorithm != "auto" and algorithm not in integration.IMPLEMENTED:
+    if algorithm != "auto" and algorithm not in IMPLEMENTED:
         raise CLIError(
             f"--algorithm {algorithm}: not available in this version of hf_hetspec; "
-            f"use one of {', '.join(integration.IMPLEMENTED)} or auto"
+            f"use one of {', '.join(IMPLEMENTED)} or auto"
         )
 
 

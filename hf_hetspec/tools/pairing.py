@@ -41,22 +41,16 @@ from urllib.parse import urlparse
 from huggingface_hub import ModelCard, ModelCardData
 
 from .. import __version__
+from ..plan import DEFAULT_LOOKAHEAD
 from . import zoo
 from .common import CLIError, console
+from .runner import METHOD_LABELS, method_label
 
 CARD_KEY = "hf_hetspec"
 FORMAT = 1
 CARD_FILE = "README.md"
 TAGS = ["speculative-decoding", "assisted-generation", "heterogeneous-vocabularies", "hf_hetspec"]
-METHOD_LABELS = {
-    "target": "target alone",
-    "transformers": "transformers UAG",
-    "homogeneous": "same-vocabulary drafter",
-    "hf_hetspec": "hf_hetspec",
-}
 _METHOD_ORDER = {name: i for i, name in enumerate(METHOD_LABELS)}
-#: Used for vLLM's ``num_speculative_tokens`` when the benchmark ran hf_hetspec's adaptive lookahead.
-VLLM_DEFAULT_LOOKAHEAD = 5
 HUB_PROBE_SECONDS = 3.0
 #: Captions of the plots ``hf-hetspec bench`` writes (keys of its ``plots`` dict); other keys are their own caption.
 PLOT_CAPTIONS = {
@@ -217,10 +211,7 @@ def _check_result(result: dict) -> None:
 
 
 def _method_label(row: dict) -> str:
-    label = METHOD_LABELS.get(row.get("method"), str(row.get("method")))
-    if row.get("method") == "hf_hetspec" and row.get("algorithm"):
-        label = f"hf_hetspec {row['algorithm'].upper()}"
-    return label
+    return method_label(row.get("method"), (row.get("algorithm") or "").upper())
 
 
 def _per_task(value) -> str:
@@ -256,7 +247,7 @@ def _table(result: dict) -> str:
 def _vllm_section(target: str, drafter: str, lookahead: int | None) -> str:
     import json
 
-    k = lookahead if lookahead is not None else VLLM_DEFAULT_LOOKAHEAD
+    k = lookahead if lookahead is not None else DEFAULT_LOOKAHEAD
     if lookahead is not None:
         lookahead_note = f"the benchmark above used a fixed lookahead of {k}"
     else:

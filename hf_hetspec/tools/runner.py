@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import integration
-from .checker import GreedyComparison, compare_greedy
 from ..compat import cache_from_kwargs, cache_kwargs, output_cache
-from ..stats import DecodingStats
+from ..stats import DecodingStats, acceptance_rate, alpha
+from .checker import GreedyComparison, compare_greedy
 
 METHODS = ("target", "transformers", "hf_hetspec")
 #: :data:`METHODS` plus transformers' same-vocabulary assisted generation.
@@ -147,7 +147,7 @@ class MethodRun:
             "target_forwards": self.target_forwards,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
-            "acceptance_rate": self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None,
+            "acceptance_rate": acceptance_rate(self.accepted_tokens, self.drafted_tokens),
             "rejections": self.rejections,
             "tokens_per_forward": self.new_tokens / self.target_forwards if self.target_forwards else None,
             "verdict": None if cmp is None else cmp.verdict,
@@ -161,7 +161,7 @@ class MethodRun:
 
 
 @contextmanager
-def count_target_forwards(target):
+def count_forwards(target):
     """Count the forward calls of ``target`` (any module), the tokens fed to them and the rounds that discarded
     drafted tokens (see the module docstring) while the block runs.
 
@@ -360,7 +360,7 @@ class Runner:
         timer = FirstTokenTimer()
         counts = {"forwards": 0}
         with PeakMemory(self.device) as memory:
-            with count_target_forwards(drafter) if drafter is not None else nullcontext(counts) as counts:
+            with count_forwards(drafter) if drafter is not None else nullcontext(counts) as counts:
                 _synchronize(self.device)
                 start = time.perf_counter()
                 out = call(timer)
@@ -373,7 +373,7 @@ class Runner:
     def target_alone(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
         ids = ids.to(self.device)
         mask = torch.ones_like(ids)
-        with count_target_forwards(self.target) as counts:
+        with count_forwards(self.target) as counts:
             out, timing = self._timed(
                 lambda streamer: self.target.generate(
                     ids, attention_mask=mask, streamer=streamer, **self._decoding(max_new_tokens)
@@ -391,7 +391,7 @@ class Runner:
         integration.disable(self.target)
         saved = copy.deepcopy(drafter.generation_config), copy.deepcopy(self.target.generation_config)
         try:
-            with count_target_forwards(self.target) as counts:
+            with count_forwards(self.target) as counts:
                 out, timing = self._timed(
                     lambda streamer: self.target.generate(
                         ids,
@@ -478,10 +478,20 @@ class Runner:
             run.comparison = compare_greedy(self.target, prompt, reference.output_ids, run.output_ids)
 
 
-def method_label(method: str, algorithm: str) -> str:
-    """Display name of a method; ``algorithm`` names hf_hetspec's."""
-    labels = {"target": "target alone", "transformers": "transformers UAG", "homogeneous": "homogeneous SD"}
-    return labels.get(method, f"hf_hetspec {algorithm}".strip())
+#: Display names of the methods, in the order tables list them.
+METHOD_LABELS = {
+    "target": "target alone",
+    "transformers": "transformers UAG",
+    "homogeneous": "homogeneous SD",
+    "hf_hetspec": "hf_hetspec",
+}
+
+
+def method_label(method: str, algorithm: str | None = None) -> str:
+    """Display name of a method; ``algorithm`` names hf_hetspec's (as given: ``slem`` or ``SLEM``)."""
+    if method == "hf_hetspec" and algorithm:
+        return f"hf_hetspec {algorithm}"
+    return METHOD_LABELS.get(method, str(method))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -502,7 +512,7 @@ def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
         forwards = sum(r.target_forwards for r in method_runs)
         drafted = sum(r.drafted_tokens for r in method_runs)
         accepted = sum(r.accepted_tokens for r in method_runs)
-        examined = accepted + sum(r.rejections for r in method_runs)
+        rejections = sum(r.rejections for r in method_runs)
         verdicts = [r.comparison.verdict for r in method_runs if r.comparison is not None]
         speed = tokens / seconds if seconds > 0 else 0.0
         rows.append(
@@ -512,8 +522,8 @@ def summarize(runs: dict[str, list[MethodRun]]) -> list[dict]:
                 "seconds": seconds,
                 "tokens_per_second": speed,
                 "speedup": speed / base_speed if base_speed > 0 else None,
-                "acceptance_rate": accepted / drafted if drafted else None,
-                "alpha": accepted / examined if examined else None,
+                "acceptance_rate": acceptance_rate(accepted, drafted),
+                "alpha": alpha(accepted, rejections),
                 "tokens_per_forward": tokens / forwards if forwards else None,
                 "identical": verdicts.count("identical") if verdicts else None,
                 "tie": verdicts.count("tie") if verdicts else None,

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_hetspec import vocabulary_intersection
+from hf_hetspec import plan, vocabulary_intersection
+from hf_hetspec.proposer import MAX_LOOKAHEAD
 from hf_hetspec.testing import toy
 from hf_hetspec.tools import analyze, cli
 from hf_hetspec.tools.analyze import (
@@ -140,22 +141,25 @@ def _analysis(**overrides) -> PairAnalysis:
 
 
 @pytest.mark.parametrize(
-    "overrides, do_sample, expected",
+    "overrides, do_sample, expected, lookahead",
     [
-        ({}, False, "slem"),
-        ({"target_mass_in_intersection": 0.96}, True, "tli"),
-        ({"target_mass_in_intersection": 0.94}, True, "slrs"),
-        ({"target_mass_in_intersection": 0.99, "shared_drafter_tokens": 9}, True, "slem"),  # 0.9% shared
-        ({}, True, "slrs"),  # no mass measured: the drafter's shared share (80%) stands in
-        ({"shared_drafter_tokens": 960}, True, "tli"),
-        ({"identical": True}, True, "tli"),
-        ({"identical": True}, False, "slem"),
+        ({}, False, "slem", plan.SLEM_MAX_LOOKAHEAD),
+        ({"target_mass_in_intersection": 0.96}, True, "slem", plan.SLEM_MAX_LOOKAHEAD),
+        ({"target_mass_in_intersection": 0.94}, True, "slem", plan.SLEM_MAX_LOOKAHEAD),
+        ({"identical": True}, True, "tli", plan.DEFAULT_LOOKAHEAD),
+        ({"identical": True}, False, "slem", plan.SLEM_MAX_LOOKAHEAD),
     ],
 )
-def test_recommend_rule(overrides, do_sample, expected):
-    algorithm, lookahead, reason = recommend(_analysis(**overrides), do_sample)
-    assert algorithm == expected
-    assert lookahead == analyze.DEFAULT_LOOKAHEAD and reason
+def test_recommend_rule(overrides, do_sample, expected, lookahead):
+    """What `analyze` recommends is what hetspec_algorithm="auto" runs, with the default schedule's length."""
+    algorithm, k, reason = recommend(_analysis(**overrides), do_sample)
+    assert (algorithm, k) == (expected, lookahead) and reason
+
+
+def test_recommend_and_auto_share_one_rule(monkeypatch):
+    """recommend() has no rule of its own: changing plan.choose_algorithm changes its answer."""
+    monkeypatch.setattr(analyze, "choose_algorithm", lambda requested, **inputs: ("slrs", "patched"))
+    assert recommend(_analysis(), True)[0] == "slrs"
 
 
 def test_lookahead_from_leviathan_formula():
@@ -165,7 +169,7 @@ def test_lookahead_from_leviathan_formula():
     assert expected_speedup(0.8, 6, 0.1) == pytest.approx((1 - 0.8 ** 7) / (0.2 * 1.6))
     assert best_lookahead(0.8, 0.1) == 6
     assert best_lookahead(0.0, 0.1) == 1
-    assert best_lookahead(0.99, 0.0) == analyze.MAX_LOOKAHEAD
+    assert best_lookahead(0.99, 0.0) == MAX_LOOKAHEAD
     algorithm, lookahead, reason = recommend(_analysis(), False, acceptance_rate=0.8, cost_ratio=0.1)
     assert (algorithm, lookahead) == ("slem", 6) and "0.80" in reason
 
@@ -215,7 +219,7 @@ def test_cli_json_equals_api(model_folders, capsys):
     assert out["target_mass_in_intersection"] == pytest.approx(expected.target_mass_in_intersection, abs=1e-6)
     assert out["texts"] == [name for name, _ in analyze.sample_texts(2)]
     assert out["recommendation"]["greedy"]["algorithm"] == "slem"
-    assert out["recommendation"]["sampling"]["algorithm"] in ("tli", "slrs")
+    assert out["recommendation"]["sampling"]["algorithm"] == "slem"  # what hetspec_algorithm="auto" runs
 
 
 def test_cli_tokenizers_only_and_errors(model_folders, capsys):

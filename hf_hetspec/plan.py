@@ -1,0 +1,555 @@
+"""A hf_hetspec ``generate()`` call, decided once before any work: a frozen :class:`DecodingPlan`.
+
+The plan is made by small named steps, each the one source of its rule:
+
+1. :func:`check_call` -- the models, tokenizers, prompt, mask, positions and hf_hetspec's own keywords;
+2. :func:`check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams, caches, ...);
+3. :func:`choose_algorithm` -- what ``hetspec_algorithm="auto"`` resolves to, and why (``hf-hetspec analyze``
+   and the pairing cards recommend through the same function);
+4. :func:`choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence stop);
+
+:func:`make_plan` runs them in that order on the generation config merged once from the call
+(``target._prepare_generation_config``); :func:`build_proposer` turns a plan into the algorithm's proposer
+for the prompt transformers hands to the decoding loop. Every check raises before a forward pass, with a
+message that names the argument and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .alignment import Vocabulary, vocabulary
+from .drafter import DraftStop, model_device
+from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
+from .proposer import HeterogeneousProposer
+from .slem import SLEMProposer
+from .slrs import SLRSProposer
+from .stats import DecodingStats
+from .tli import TLIProposer
+
+ALGORITHMS = ("auto", "slem", "tli", "slrs")
+IMPLEMENTED = ("slem", "tli", "slrs")
+#: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
+DEFAULT_LOOKAHEAD = 5
+# Default schedule of SLEM: drafts of up to SLEM_MAX_LOOKAHEAD drafter tokens, each ended once the
+# drafter's probability that all of it is accepted falls below DEFAULT_MIN_JOINT.
+# Tuned on HumanEval/20-29 (disjoint from the bench's HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B
+# target, bf16 CPU (benchmarks/tune_schedule.py): 0.35/12 ran 2.29x and 2.18x the target alone on the two
+# halves; the former default 0.2/32 2.02x, 0.5/32 2.18x, 0.5/12 2.22x (docs/benchmarks.md). The threshold
+# sits above c + v (drafter step 0.165 + marginal verification cost 0.03 target forwards per draft token)
+# because the drafter's confidence overstates how often the target agrees; the cap bounds the cost of
+# verifying long drafts.
+SLEM_MAX_LOOKAHEAD = 12
+DEFAULT_MIN_JOINT = 0.35
+#: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
+MIN_TLI_SHARE = 0.01
+_STATIC_CACHES = ("static", "hybrid", "sliding_window", "offloaded_static")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long each draft is.
+
+    Attributes:
+        lookahead: drafter tokens per draft (the first draft's when ``adaptive``), >= 1.
+        adaptive: transformers' heuristic: +2 after a fully accepted draft, -1 otherwise, in
+            ``[1, MAX_LOOKAHEAD]``.
+        stop: ends a draft early from the drafter's confidence (:class:`~hf_hetspec.drafter.DraftStop`).
+    """
+
+    lookahead: int
+    adaptive: bool
+    stop: DraftStop = field(default_factory=DraftStop)
+
+
+@dataclass(frozen=True)
+class DecodingPlan:
+    """Everything a hf_hetspec call decided before its first forward pass.
+
+    Attributes:
+        algorithm: ``"slem"``, ``"tli"`` or ``"slrs"`` (``"auto"`` resolved).
+        reason: why that algorithm (:func:`choose_algorithm`).
+        schedule: the draft-length schedule (:func:`choose_schedule`).
+        generation_config: the call's ``GenerationConfig``, merged once from the model's defaults, a passed
+            config and the keyword arguments; ``stop_strings`` cleared (the plan carries them).
+        model_kwargs: the call's model inputs (``input_ids``, ``attention_mask``, ...), passed on unchanged.
+        stop_strings: the call's ``stop_strings`` (``None``, a string or a list of strings).
+        target_vocab, drafter_vocab: byte tables padded to each model's LM-head rows.
+        identical: both tokenizers spell every id with the same bytes (standard speculative decoding).
+        intersection: TLI's vocabulary intersection, else ``None``.
+        prefix_map (``torch.LongTensor`` of shape ``(V_drafter,)``): SLRS's longest-target-prefix map, else ``None``.
+        draft_temperature: ``hetspec_draft_temperature`` (``None``: the call's temperature).
+        drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
+    """
+
+    algorithm: str
+    reason: str
+    schedule: Schedule
+    generation_config: GenerationConfig
+    model_kwargs: dict
+    stop_strings: object
+    target_vocab: Vocabulary
+    drafter_vocab: Vocabulary
+    identical: bool
+    intersection: VocabularyIntersection | None = None
+    prefix_map: torch.Tensor | None = None
+    draft_temperature: float | None = None
+    drafter_prompt: tuple[int, ...] | None = None
+
+    @property
+    def note(self) -> str:
+        """The line :class:`~hf_hetspec.stats.DecodingStats` shows about the pair (empty for most pairs)."""
+        return f"identical vocabularies: standard speculative decoding ({self.algorithm})" if self.identical else ""
+
+
+@dataclass(frozen=True)
+class HetspecArguments:
+    """hf_hetspec's own ``generate()`` keywords (README "Python API").
+
+    Attributes:
+        algorithm: ``hetspec_algorithm`` (default ``"auto"``).
+        generator: ``hetspec_generator``, a ``torch.Generator`` on the target's device, or ``None``.
+        draft_temperature: ``hetspec_draft_temperature``, a real number >= 0, or ``None``.
+        drafter_prompt (``torch.LongTensor`` of shape ``(1, m)``): ``assistant_input_ids``, or ``None``.
+    """
+
+    algorithm: str = "auto"
+    generator: torch.Generator | None = None
+    draft_temperature: float | None = None
+    drafter_prompt: torch.Tensor | None = None
+
+    KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids")
+
+    @classmethod
+    def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
+        """Remove hf_hetspec's keywords from ``kwargs``; returns them and whether any was given."""
+        values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
+        given = any(value is not None for value in values)
+        algorithm, generator, draft_temperature, drafter_prompt = values
+        return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt), given
+
+
+# --------------------------------------------------------------------------------------------------------
+# 1. the call
+# --------------------------------------------------------------------------------------------------------
+
+
+def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: HetspecArguments,
+               inputs, model_kwargs: dict) -> None:
+    """Check everything about a call that does not need its generation config.
+
+    Args:
+        target, drafter: the models (``drafter`` is ``assistant_model``).
+        target_tokenizer, drafter_tokenizer: ``tokenizer=`` and ``assistant_tokenizer=``.
+        args: hf_hetspec's keywords.
+        inputs (``torch.LongTensor`` of shape ``(1, n)``): the prompt (``inputs=`` or ``input_ids=``).
+        model_kwargs: the call's other keyword arguments (``attention_mask``, ``position_ids``, ...).
+
+    Raises:
+        ValueError / TypeError / NotImplementedError: with a message naming the argument and the fix.
+    """
+    if args.algorithm not in ALGORITHMS:
+        raise ValueError(f"hetspec_algorithm={args.algorithm!r} is not known; use one of {', '.join(ALGORITHMS)}.")
+    if args.algorithm not in IMPLEMENTED and args.algorithm != "auto":
+        raise NotImplementedError(
+            f"hetspec_algorithm={args.algorithm!r} is not available in this version of hf_hetspec; "
+            f"available: {', '.join(IMPLEMENTED)} (or 'auto')."
+        )
+    if not isinstance(drafter, PreTrainedModel):
+        raise TypeError(f"assistant_model must be a transformers PreTrainedModel, got {type(drafter).__name__}.")
+    if target_tokenizer is None or drafter_tokenizer is None:
+        missing = "tokenizer" if target_tokenizer is None else "assistant_tokenizer"
+        raise ValueError(
+            f"`{missing}` is missing: hf_hetspec needs both `tokenizer=` (the target's) and "
+            "`assistant_tokenizer=` (the drafter's) to compare their vocabularies and translate drafts."
+        )
+    for name, tok, model in (("tokenizer", target_tokenizer, target), ("assistant_tokenizer", drafter_tokenizer, drafter)):
+        rows = model.get_input_embeddings().weight.shape[0]
+        if len(tok) > rows:
+            raise ValueError(
+                f"`{name}` has {len(tok)} tokens but its model's embedding has {rows} rows: pass the tokenizer "
+                "that belongs to that model."
+            )
+    generator = args.generator
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"hetspec_generator must be a torch.Generator, got {type(generator).__name__}.")
+    if generator is not None and generator.device.type != model_device(target).type:
+        raise ValueError(
+            f"hetspec_generator is on {generator.device.type} but the target's logits are on "
+            f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
+        )
+    _check_prompt(inputs, model_kwargs)
+
+
+def _check_prompt(inputs, model_kwargs: dict) -> None:
+    if inputs is None:
+        raise ValueError("no prompt: pass the prompt's token ids as `input_ids` (shape (1, n), n >= 1).")
+    if not torch.is_tensor(inputs) or inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
+        raise ValueError("`input_ids` must be an integer tensor of shape (batch, sequence_length).")
+    if inputs.shape[0] != 1:
+        raise NotImplementedError(
+            f"hf_hetspec decodes one sequence at a time; got a batch of {inputs.shape[0]}. "
+            "Call generate() once per prompt."
+        )
+    if inputs.shape[1] < 1:
+        raise ValueError("`input_ids` is empty: the prompt needs at least one token.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise NotImplementedError(
+            "`attention_mask` contains padding (zeros); hf_hetspec decodes one unpadded sequence: "
+            "pass the prompt without padding."
+        )
+    if mask is not None and tuple(mask.shape) != tuple(inputs.shape):
+        raise ValueError(
+            f"`attention_mask` has shape {tuple(mask.shape)} but `input_ids` has {tuple(inputs.shape)}: pass "
+            "the mask of this prompt (or none)."
+        )
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and (
+        not torch.is_tensor(positions)
+        or positions.is_floating_point()
+        or tuple(positions.shape) != tuple(inputs.shape)
+    ):
+        raise ValueError(
+            f"`position_ids` must be an integer tensor of the prompt's shape {tuple(inputs.shape)} (they are the "
+            "target's; the drafter numbers its own tokens): pass one position per prompt token, or none."
+        )
+
+
+def check_drafter_prompt(value, drafter_tokenizer) -> tuple[int, ...] | None:
+    """``assistant_input_ids`` checked, as drafter ids (``None`` when not given).
+
+    Args:
+        value (``torch.LongTensor`` of shape ``(1, m)``, ``m >= 1``): the prompt in drafter ids, or ``None``.
+        drafter_tokenizer: ``assistant_tokenizer``; every id must be below its length.
+
+    Raises:
+        ValueError / NotImplementedError: not an integer tensor of shape ``(1, m)`` with ``m >= 1``, or ids
+            outside the drafter tokenizer's vocabulary.
+    """
+    if value is None:
+        return None
+    fix = ("pass the prompt in drafter token ids, e.g. `assistant_tokenizer.apply_chat_template(messages, "
+           "add_generation_prompt=True, return_tensors='pt')['input_ids']` or `hf_hetspec.chat_inputs(...)`")
+    if not torch.is_tensor(value) or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise ValueError(f"`assistant_input_ids` must be an integer tensor of shape (1, m): {fix}.")
+    if value.dim() != 2:
+        raise ValueError(f"`assistant_input_ids` has shape {tuple(value.shape)}, expected (1, m): {fix}.")
+    if value.shape[0] != 1:
+        raise NotImplementedError(
+            f"`assistant_input_ids` holds a batch of {value.shape[0]}; hf_hetspec decodes one sequence at a time: "
+            "pass one prompt of shape (1, m)."
+        )
+    if value.shape[1] < 1:
+        raise ValueError(f"`assistant_input_ids` is empty: the drafter's prompt needs at least one token; {fix}.")
+    ids = value[0].tolist()
+    bad = [i for i in ids if not 0 <= i < len(drafter_tokenizer)]
+    if bad:
+        raise ValueError(
+            f"`assistant_input_ids` holds ids outside the drafter vocabulary (0..{len(drafter_tokenizer) - 1}), "
+            f"e.g. {bad[0]}: they must come from `assistant_tokenizer`, not the target's tokenizer; {fix}."
+        )
+    return tuple(ids)
+
+
+# --------------------------------------------------------------------------------------------------------
+# 2. the generation config
+# --------------------------------------------------------------------------------------------------------
+
+
+def check_generation_config(config: GenerationConfig) -> None:
+    """Refuse what the merged generation config asks for and hf_hetspec cannot do exactly.
+
+    Raises:
+        ValueError / NotImplementedError: naming the setting and the fix.
+    """
+    if (config.num_beams or 1) > 1:
+        raise ValueError(f"num_beams={config.num_beams}: speculative decoding is not beam search; use num_beams=1.")
+    if (config.num_return_sequences or 1) > 1:
+        raise NotImplementedError(
+            f"num_return_sequences={config.num_return_sequences}: hf_hetspec returns one sequence per call; "
+            "call generate() several times."
+        )
+    if config.max_new_tokens is not None and config.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
+    if config.use_cache is False:
+        raise ValueError("use_cache=False: speculative decoding needs the target's KV cache; drop use_cache=False.")
+    if config.cache_implementation in _STATIC_CACHES:
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r}: hf_hetspec rolls the cache back after "
+            "rejections and needs the dynamic cache; drop cache_implementation."
+        )
+    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+        raise NotImplementedError("output_attentions/output_hidden_states are not returned by hf_hetspec; drop them.")
+    value = config.num_assistant_tokens
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f"num_assistant_tokens={value!r}: the lookahead must be a positive integer.")
+
+
+def check_draft_temperature(value, algorithm: str, do_sample: bool) -> None:
+    """``hetspec_draft_temperature``: ``None`` or a real number >= 0 that changes how this call drafts.
+
+    Raises:
+        ValueError: not such a number, or a positive value where drafts are always greedy (SLEM, or a
+            greedy call).
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"hetspec_draft_temperature={value!r}: use a real number >= 0 (0: the drafter's argmax; t > 0: "
+            "sample the drafter at temperature t; omit it to sample at the call's temperature)."
+        )
+    if value > 0 and (algorithm == "slem" or not do_sample):
+        raise ValueError(
+            f"hetspec_draft_temperature={value!r} has no effect here: "
+            + ("SLEM always drafts the drafter's greedy string" if algorithm == "slem"
+               else "a greedy call (do_sample=False) always drafts the drafter's argmax")
+            + "; drop the argument (or pass do_sample=True with hetspec_algorithm='tli'/'slrs')."
+        )
+
+
+# --------------------------------------------------------------------------------------------------------
+# 3. the algorithm
+# --------------------------------------------------------------------------------------------------------
+
+
+def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafter_share: float) -> tuple[str, str]:
+    """The algorithm a call runs, and why: the one rule behind ``hetspec_algorithm="auto"``, ``hf-hetspec
+    analyze`` and the pairing cards.
+
+    ``auto``: identical vocabularies reduce every algorithm to standard speculative decoding -- SLEM (exact
+    match) for greedy calls, TLI (plain speculative sampling) for sampled ones. Different vocabularies: SLEM,
+    greedy and sampled. It was measured fastest on both zoo pairs (README "Measured results"; bf16 CPU,
+    HumanEval): with SmolLM2-135M, greedy SLEM 2.26x the target alone (TLI 1.45x, SLRS 1.50x), T=1 SLEM 1.97x
+    (TLI 1.30x, SLRS 1.33x); with Gemma-3-270M, T=1 SLEM 1.83x (TLI 1.16x, SLRS 1.10x). Exact match accepts
+    any drafter token whose text the target also writes, needs no intersection, and its acceptance
+    probability ``p(x)`` beats TLI's and SLRS's ``min(1, p/q)`` when the drafter is confident and wrong.
+
+    Args:
+        requested: ``hetspec_algorithm`` (``"auto"``, ``"slem"``, ``"tli"`` or ``"slrs"``).
+        identical: both tokenizers spell every id with the same bytes.
+        do_sample: the call samples.
+        drafter_share: share of the drafter's ids in the vocabulary intersection, in ``[0, 1]``.
+
+    Returns:
+        ``(algorithm, reason)``.
+
+    Raises:
+        ValueError: ``"tli"`` requested for a pair sharing under ``MIN_TLI_SHARE`` of the drafter's tokens.
+    """
+    if requested != "auto":
+        if requested == "tli" and drafter_share < MIN_TLI_SHARE:
+            raise ValueError(
+                f"hetspec_algorithm='tli': only {drafter_share:.2%} of the drafter's tokens are shared with the "
+                f"target (TLI needs at least {MIN_TLI_SHARE:.0%}); use hetspec_algorithm='slem'."
+            )
+        return requested, "requested"
+    if identical:
+        if do_sample:
+            return "tli", "identical vocabularies: standard speculative sampling (TLI)"
+        return "slem", "identical vocabularies: standard speculative decoding with exact match (SLEM)"
+    if do_sample:
+        return "slem", ("sampling with different vocabularies: exact-match sampling (SLEM) measured fastest on "
+                        "both zoo pairs (1.8-2.0x the target alone vs 1.1-1.3x for TLI and SLRS)")
+    return "slem", ("greedy with different vocabularies: exact match accepts every drafter token whose text the "
+                    "target also writes, with the drafter's whole vocabulary")
+
+
+# --------------------------------------------------------------------------------------------------------
+# 4. the schedule
+# --------------------------------------------------------------------------------------------------------
+
+
+def choose_schedule(algorithm: str, *, num_assistant_tokens: int | None = None,
+                    num_assistant_tokens_schedule: str | None = None,
+                    assistant_confidence_threshold: float | None = None) -> Schedule:
+    """The draft-length schedule from the user's explicit settings, else the algorithm's default.
+
+    ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
+    ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
+    per-token cut-off on top. By default SLEM drafts up to ``SLEM_MAX_LOOKAHEAD`` drafter tokens, each draft
+    ended once the drafter's probability that all of it is accepted falls below ``DEFAULT_MIN_JOINT``
+    (:class:`~hf_hetspec.drafter.DraftStop`); TLI and SLRS follow transformers' +2/-1 rule from
+    ``DEFAULT_LOOKAHEAD``. The confidence stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs
+    1.26x; Gemma-3 greedy TLI 0.87x): a drafter token the target would tokenize differently is rejected
+    however sure the drafter is.
+
+    Raises:
+        ValueError: ``assistant_confidence_threshold`` outside ``[0, 1)``.
+    """
+    threshold = assistant_confidence_threshold
+    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
+        raise ValueError(
+            f"assistant_confidence_threshold={threshold!r}: the drafter-confidence cut-off must be in [0, 1) "
+            "(0 disables it)."
+        )
+    min_confidence = float(threshold or 0.0)
+    if num_assistant_tokens is not None or num_assistant_tokens_schedule is not None:
+        lookahead = num_assistant_tokens if num_assistant_tokens is not None else DEFAULT_LOOKAHEAD
+        adaptive = num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
+        return Schedule(lookahead, adaptive, DraftStop(min_confidence))
+    if algorithm == "slem":
+        min_joint = DEFAULT_MIN_JOINT if threshold is None else 0.0
+        return Schedule(SLEM_MAX_LOOKAHEAD, False, DraftStop(min_confidence, min_joint))
+    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence))
+
+
+# --------------------------------------------------------------------------------------------------------
+# the plan
+# --------------------------------------------------------------------------------------------------------
+
+
+def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) -> DecodingPlan:
+    """Check a hf_hetspec ``generate()`` call and decide it (the module docstring's steps, in order).
+
+    Args:
+        target: the enabled target model.
+        call: ``generate()``'s named parameters as given (``inputs``, ``generation_config``,
+            ``assistant_model``, ...).
+        model_kwargs: every other keyword argument (generation settings and model inputs), with ``tokenizer``
+            and ``assistant_tokenizer`` still in it and hf_hetspec's own keywords already removed.
+        args: hf_hetspec's keywords.
+
+    Raises:
+        ValueError / TypeError / NotImplementedError: with a message naming the argument and the fix.
+    """
+    model_kwargs = dict(model_kwargs)
+    drafter = call.get("assistant_model")
+    target_tokenizer = model_kwargs.pop("tokenizer", None)
+    drafter_tokenizer = model_kwargs.pop("assistant_tokenizer", None)
+    inputs = call.get("inputs")
+    if inputs is None:
+        inputs = model_kwargs.get("input_ids")
+    check_call(target, drafter, target_tokenizer, drafter_tokenizer, args, inputs, model_kwargs)
+    drafter_prompt = check_drafter_prompt(args.drafter_prompt, drafter_tokenizer)
+
+    user_config = call.get("generation_config")
+    config, rest = target._prepare_generation_config(user_config, **model_kwargs)
+    check_generation_config(config)
+
+    target_table, drafter_table = vocabulary(target_tokenizer), vocabulary(drafter_tokenizer)
+    identical = target_table.same_as(drafter_table)
+    target_vocab = target_table.padded(_rows(target))
+    drafter_vocab = drafter_table.padded(_rows(drafter))
+    intersection = None
+    if args.algorithm == "tli" or (args.algorithm == "auto" and identical and config.do_sample):
+        intersection = intersection_for(target_vocab, drafter_vocab)
+    share = 1.0 if intersection is None else intersection.drafter_shared / max(1, len(drafter_tokenizer))
+    algorithm, reason = choose_algorithm(args.algorithm, identical=identical, do_sample=bool(config.do_sample),
+                                         drafter_share=share)
+    check_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample))
+
+    def explicit(name):  # a setting the user gave (keyword or passed GenerationConfig), not a model default
+        if model_kwargs.get(name) is not None:
+            return model_kwargs[name]
+        return getattr(user_config, name, None) if isinstance(user_config, GenerationConfig) else None
+
+    schedule = choose_schedule(
+        algorithm,
+        num_assistant_tokens=explicit("num_assistant_tokens"),
+        num_assistant_tokens_schedule=explicit("num_assistant_tokens_schedule"),
+        assistant_confidence_threshold=explicit("assistant_confidence_threshold"),
+    )
+    stop_strings, config.stop_strings = config.stop_strings, None
+    return DecodingPlan(
+        algorithm=algorithm,
+        reason=reason,
+        schedule=schedule,
+        generation_config=config,
+        model_kwargs=rest,
+        stop_strings=stop_strings,
+        target_vocab=target_vocab,
+        drafter_vocab=drafter_vocab,
+        identical=identical,
+        intersection=intersection if algorithm == "tli" else None,
+        prefix_map=prefix_map_for(target_vocab, drafter_vocab) if algorithm == "slrs" else None,
+        draft_temperature=args.draft_temperature,
+        drafter_prompt=drafter_prompt,
+    )
+
+
+def _rows(model) -> int:
+    """Rows of the model's output layer (its padded vocabulary size); also for a quantized head, whose
+    ``weight`` is not a tensor (e.g. ``torch.ao.quantization.quantize_dynamic`` drafters on CPU)."""
+    head = model.get_output_embeddings()
+    if head is not None and isinstance(getattr(head, "out_features", None), int):
+        return head.out_features
+    return (head if head is not None else model.get_input_embeddings()).weight.shape[0]
+
+
+# --------------------------------------------------------------------------------------------------------
+# from the plan to a proposer
+# --------------------------------------------------------------------------------------------------------
+
+
+def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, generation_config: GenerationConfig,
+                   stats: DecodingStats, generator: torch.Generator | None) -> HeterogeneousProposer:
+    """The planned algorithm's proposer for one call.
+
+    Args:
+        plan: the call's plan.
+        drafter: the drafter model.
+        input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
+        generation_config: the config transformers decodes with (its ``max_length`` is final).
+        stats: the call's statistics.
+        generator: the call's ``hetspec_generator`` (the drafter's own generator is seeded from it).
+    """
+    common = dict(
+        schedule=plan.schedule,
+        max_length=generation_config.max_length,
+        stats=stats,
+        drafter_prompt=list(plan.drafter_prompt) if plan.drafter_prompt else None,
+    )
+    args = (plan.target_vocab, drafter, plan.drafter_vocab, input_ids)
+    if plan.algorithm == "slem":
+        return SLEMProposer(*args, **common)
+    sampling = bool(generation_config.do_sample)
+    common.update(
+        sampling=sampling,
+        greedy_draft=plan.draft_temperature == 0,
+        drafter_processors=drafter_warpers(generation_config, plan.draft_temperature) if sampling else None,
+        generator=_drafter_generator(generator, model_device(drafter)),
+        target_eos_ids=_eos_ids(generation_config),
+    )
+    if plan.algorithm == "slrs":
+        return SLRSProposer(*args, prefix_map=plan.prefix_map, target_size=len(plan.target_vocab), **common)
+    return TLIProposer(*args, intersection=plan.intersection, **common)
+
+
+def drafter_warpers(config: GenerationConfig, draft_temperature: float | None = None) -> LogitsProcessorList:
+    """The call's vocabulary-independent sampling settings, for the drafter's own logits.
+
+    Only temperature, top-k and top-p: processors that index token ids (repetition penalty, bad words,
+    suppressed or forced tokens) belong to the target's vocabulary and are never applied to the drafter.
+    A positive ``draft_temperature`` replaces the call's temperature (``0``/``None``: the call's).
+    """
+    warpers = LogitsProcessorList()
+    temperature = draft_temperature if draft_temperature else config.temperature
+    if temperature is not None and temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if config.top_k is not None and config.top_k != 0:
+        warpers.append(TopKLogitsWarper(top_k=config.top_k))
+    if config.top_p is not None and config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=config.top_p))
+    return warpers
+
+
+def _drafter_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on the drafter's device, seeded from the call's generator (``None`` = global RNG)."""
+    if generator is None:
+        return None
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _eos_ids(config: GenerationConfig) -> list[int]:
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
