@@ -17,8 +17,7 @@ from transformers import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
 from .compat import cache_kwargs, output_cache_kwargs
-from .drafter import DrafterContextFull, model_device, rollback_cache
-from .proposer import Draft
+from .drafter import model_device, rollback_cache
 from .stats import DecodingStats
 from .verify import verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
@@ -99,12 +98,7 @@ def speculative_generate(
     finished = False
     while not finished:
         n = ids.shape[1]
-        try:
-            draft_tokens = proposer.propose(ids)
-        except DrafterContextFull:
-            # the drafter's maximum context is full even after truncation: the target goes on alone
-            draft_tokens = Draft([])
-            stats.skipped_drafts += 1
+        draft_tokens = proposer.propose(ids)
         k = len(draft_tokens.target_ids)
         with stats.timer("target_s"):
             drafted = torch.tensor([draft_tokens.target_ids], dtype=ids.dtype, device=device)  # [1, k]

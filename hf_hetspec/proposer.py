@@ -15,7 +15,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from .alignment import Vocabulary, complete_utf8_prefix, convert_prompt, sanitize_utf8
-from .drafter import DrafterContext, DraftStop
+from .drafter import DrafterContext, DrafterContextFull, DraftStop
 from .stats import DecodingStats
 
 #: The longest draft any schedule grows to (drafter tokens).
@@ -98,8 +98,8 @@ class HeterogeneousProposer:
             input_ids (``torch.LongTensor`` of shape ``(1, n)``): accepted target ids.
 
         Returns:
-            the next :class:`Draft` (no token when there is no room, or when the target stopped inside a
-            character and must finish it alone).
+            the next :class:`Draft` (no token when there is no room, when the drafter's context is full, or
+            when the target stopped inside a character and must finish it alone).
         """
         self._last_draft_len = 0
         new = input_ids[0, len(self.target_ids) :].tolist()
@@ -114,7 +114,12 @@ class HeterogeneousProposer:
         with self.stats.timer("translation_s"):
             self.context.sync(sanitize_utf8(text))
         forwards = self.context.forwards
-        draft = self._propose(budget)
+        try:
+            draft = self._propose(budget)
+        except DrafterContextFull:
+            # the drafter's maximum context is full even after truncation: the target goes on alone
+            draft = Draft([])
+            self.stats.skipped_drafts += 1
         self.stats.drafter_forwards += self.context.forwards - forwards
         if draft.target_ids:
             self._last_draft_len = len(draft.target_ids)

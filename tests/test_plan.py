@@ -1,0 +1,150 @@
+"""hf_hetspec.plan: each named step of deciding a call, and the plan a real call gets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import hf_hetspec
+from hf_hetspec import plan
+from hf_hetspec.drafter import DraftStop
+from hf_hetspec.plan import (
+    HetspecArguments,
+    check_draft_temperature,
+    check_drafter_prompt,
+    check_generation_config,
+    choose_algorithm,
+    choose_schedule,
+    make_plan,
+)
+
+
+@pytest.mark.parametrize(
+    "identical, do_sample, expected",
+    [(False, False, "slem"), (False, True, "slem"), (True, False, "slem"), (True, True, "tli")],
+)
+def test_auto_rule(identical, do_sample, expected):
+    algorithm, reason = choose_algorithm("auto", identical=identical, do_sample=do_sample, drafter_share=0.5)
+    assert algorithm == expected and reason
+
+
+@pytest.mark.parametrize("requested", ["slem", "tli", "slrs"])
+def test_a_requested_algorithm_is_kept(requested):
+    assert choose_algorithm(requested, identical=False, do_sample=True, drafter_share=0.5)[0] == requested
+
+
+def test_tli_needs_a_shared_vocabulary():
+    with pytest.raises(ValueError, match="hetspec_algorithm='tli'.*slem"):
+        choose_algorithm("tli", identical=False, do_sample=True, drafter_share=plan.MIN_TLI_SHARE / 2)
+    assert choose_algorithm("slrs", identical=False, do_sample=True, drafter_share=0.0)[0] == "slrs"
+
+
+def test_default_schedules_per_algorithm():
+    slem = choose_schedule("slem")
+    assert (slem.lookahead, slem.adaptive) == (plan.SLEM_MAX_LOOKAHEAD, False)
+    assert slem.stop == DraftStop(0.0, plan.DEFAULT_MIN_JOINT)
+    for algorithm in ("tli", "slrs"):
+        schedule = choose_schedule(algorithm)
+        assert (schedule.lookahead, schedule.adaptive, schedule.stop.enabled) == (plan.DEFAULT_LOOKAHEAD, True, False)
+
+
+def test_explicit_schedules():
+    fixed = choose_schedule("slem", num_assistant_tokens=3)
+    assert (fixed.lookahead, fixed.adaptive, fixed.stop.enabled) == (3, False, False)
+    heuristic = choose_schedule("tli", num_assistant_tokens_schedule="heuristic")
+    assert (heuristic.lookahead, heuristic.adaptive) == (plan.DEFAULT_LOOKAHEAD, True)
+    # a user's confidence threshold replaces SLEM's joint-confidence stop
+    assert choose_schedule("slem", assistant_confidence_threshold=0.4).stop == DraftStop(0.4, 0.0)
+    for bad in (1.0, -0.1, "0.5"):
+        with pytest.raises(ValueError, match="assistant_confidence_threshold"):
+            choose_schedule("slem", assistant_confidence_threshold=bad)
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"num_beams": 2}, "num_beams"),
+        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
+        ({"use_cache": False}, "use_cache"),
+        ({"cache_implementation": "static"}, "cache_implementation"),
+        ({"num_assistant_tokens": 0}, "num_assistant_tokens"),
+    ],
+)
+def test_generation_config_refusals(settings, match):
+    with pytest.raises((ValueError, NotImplementedError), match=match):
+        check_generation_config(GenerationConfig(**settings))
+    check_generation_config(GenerationConfig())
+
+
+def test_draft_temperature_rule():
+    check_draft_temperature(None, "slem", False)
+    check_draft_temperature(0.0, "tli", True)
+    check_draft_temperature(0.7, "slrs", True)
+    for bad in (-1.0, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="hetspec_draft_temperature"):
+            check_draft_temperature(bad, "tli", True)
+    with pytest.raises(ValueError, match="SLEM"):
+        check_draft_temperature(0.7, "slem", True)
+    with pytest.raises(ValueError, match="greedy call"):
+        check_draft_temperature(0.7, "tli", False)
+
+
+def test_drafter_prompt_check(toy_sp_tokenizer):
+    assert check_drafter_prompt(None, toy_sp_tokenizer) is None
+    assert check_drafter_prompt(torch.tensor([[5, 6]]), toy_sp_tokenizer) == (5, 6)
+    with pytest.raises(NotImplementedError, match="batch"):
+        check_drafter_prompt(torch.tensor([[5], [6]]), toy_sp_tokenizer)
+    with pytest.raises(ValueError, match="outside the drafter vocabulary"):
+        check_drafter_prompt(torch.tensor([[len(toy_sp_tokenizer)]]), toy_sp_tokenizer)
+
+
+def test_hetspec_arguments_are_taken_out_of_the_kwargs():
+    kwargs = {"hetspec_algorithm": "tli", "max_new_tokens": 3}
+    args, given = HetspecArguments.pop_from(kwargs)
+    assert given and args.algorithm == "tli" and kwargs == {"max_new_tokens": 3}
+    args, given = HetspecArguments.pop_from({})
+    assert not given and args == HetspecArguments()
+
+
+def test_make_plan_of_a_call(toy_pair):
+    ids = toy_pair.target_tokenizer("def add(a, b):", return_tensors="pt").input_ids
+    call = {"inputs": ids, "assistant_model": toy_pair.drafter}
+    kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer,
+              "max_new_tokens": 7, "do_sample": True, "stop_strings": ["\n\n"], "attention_mask": torch.ones_like(ids)}
+    decided = make_plan(toy_pair.target, call, kwargs, HetspecArguments("slrs"))
+    assert decided.algorithm == "slrs" and decided.prefix_map is not None and decided.intersection is None
+    assert decided.generation_config.max_new_tokens == 7 and decided.generation_config.do_sample
+    # stop strings are the plan's (the hook builds their criterion); the config transformers sees has none
+    assert decided.stop_strings == ["\n\n"] and decided.generation_config.stop_strings is None
+    assert set(decided.model_kwargs) == {"attention_mask"}  # the tokenizers never reach the target
+    assert not decided.identical and decided.note == ""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decided.algorithm = "tli"
+
+
+def test_the_generation_config_is_merged_once_per_call(toy_pair, monkeypatch):
+    """One merge of the model's defaults, a passed config and the keywords: the plan's, handed to transformers
+    as the call's config (so transformers' own merge has nothing left to change)."""
+    target = toy_pair.target
+    ids = toy_pair.target_tokenizer("def add(a, b):", return_tensors="pt").input_ids
+    merged = []
+    original = type(target)._prepare_generation_config
+
+    def spy(self, generation_config, **kwargs):
+        config, model_kwargs = original(self, generation_config, **kwargs)
+        merged.append(sorted(k for k in kwargs if hasattr(GenerationConfig(), k)))
+        return config, model_kwargs
+
+    monkeypatch.setattr(type(target), "_prepare_generation_config", spy)
+    hf_hetspec.enable(target)
+    try:
+        target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
+                        assistant_tokenizer=toy_pair.drafter_tokenizer, max_new_tokens=5, do_sample=False)
+    finally:
+        hf_hetspec.disable(target)
+    # ours with the generation keywords; transformers' own call gets the merged config and no such keyword
+    assert merged[0] == ["do_sample", "max_new_tokens"]
+    assert all(keys == [] for keys in merged[1:])
