@@ -175,3 +175,52 @@ class ForwardCounter:
     def close(self):
         for h in self.handles:
             h.remove()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Byte tables and random texts for the property tests of alignment and the drafter's context
+# ---------------------------------------------------------------------------------------------------
+
+#: Control-token strings of all five tokenizers, typed as text.
+SPECIAL_STRINGS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<bos>", "<eos>", "<start_of_turn>",
+                   "<end_of_turn>", "<pad>"]
+#: The toy tokenizers and the real ones of ``../shared``.
+TOKENIZER_NAMES = ["toy-bytelevel", "toy-sentencepiece", "qwen2.5-coder", "smollm2", "gemma3"]
+
+
+def text_strategy():
+    """Hypothesis texts: random characters mixed with special-token strings, emoji, CJK, combining marks and
+    whitespace runs."""
+    from hypothesis import strategies as st
+
+    pieces = st.one_of(
+        st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8),
+        st.sampled_from(SPECIAL_STRINGS + ["🙂", "👍🏽", "数学", "e\u0301", "\u00e9", "  ", "\n\n", "\t", " <", "|>"]),
+    )
+    return st.lists(pieces, min_size=1, max_size=8).map("".join).filter(bool)
+
+
+@pytest.fixture(scope="session")
+def byte_tables(request):
+    """The byte tables of the toy and (when ``../shared`` exists) the real tokenizers, by name."""
+    from hf_hetspec.alignment import Vocabulary, vocabulary
+
+    tables = {"toy-bytelevel": Vocabulary.from_tokenizer(toy.byte_level_bpe_tokenizer()),
+              "toy-sentencepiece": Vocabulary.from_tokenizer(toy.sentencepiece_bpe_tokenizer())}
+    try:
+        load = request.getfixturevalue("real_tokenizer")
+        for name in ("qwen2.5-coder", "smollm2", "gemma3"):
+            tables[name] = vocabulary(load(name))
+    except pytest.skip.Exception:
+        pass
+    return tables
+
+
+def spells(vocab, text: str) -> bool:
+    """The tokenizer spells ``text`` byte for byte (no normalization such as Qwen2's NFC changes it)."""
+    return vocab.ids_to_bytes(vocab.encode(text)) == text.encode()
+
+
+def specials(vocab, ids) -> list[int]:
+    """The ids among ``ids`` that are special tokens of ``vocab``."""
+    return [i for i in ids if i in vocab.special_ids]

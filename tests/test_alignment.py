@@ -1,13 +1,15 @@
 """Token bytes, vocabulary comparison and text conversion windows (hf_hetspec.alignment)."""
 
 import random
+import unicodedata
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from conftest import TOKENIZER_NAMES, specials, spells, text_strategy
 from hf_hetspec.alignment import (
     TextWindowConverter,
     Vocabulary,
@@ -148,3 +150,58 @@ def test_property_continuation_never_changes_the_bytes(vocab, head, tail):
     joined = vocab.ids_to_bytes(context + cont)
     if vocab.ids_to_bytes(vocab.encode(tail)) == tail.encode():
         assert joined == (head + tail).encode()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Conversion between tokenizers (toy and real byte tables)
+# ---------------------------------------------------------------------------------------------------
+
+RANDOM_TEXTS = text_strategy()
+
+
+def _ordered_pairs(tables):
+    names = [n for n in TOKENIZER_NAMES if n in tables]
+    return [(a, b) for a in names for b in names if a != b]
+
+
+@pytest.mark.parametrize("name", TOKENIZER_NAMES)
+def test_special_tokens_are_never_rewritten_by_a_window(byte_tables, name):
+    """Text after a control token (a chat marker, the drafter's BOS) is re-encoded without it: the window
+    never turns a real special token into its characters (which would spell the same bytes)."""
+    if name not in byte_tables:
+        pytest.skip(f"{name}: real tokenizers not available")
+    vocab = byte_tables[name]
+    marker = vocab.tokenizer.eos_token_id
+    context = list(vocab.bos_prefix) + [marker] + vocab.encode("a")
+    converter = TextWindowConverter(vocab, window=4)
+    assert converter.window_start(context) == len(context) - 1
+    n_keep, new = converter.resync(context, len(context), " b<eos>")
+    assert n_keep >= len(context) - 1 and marker not in new  # the marker is kept, never re-encoded
+    assert vocab.ids_to_bytes(context[:n_keep] + new) == vocab.ids_to_bytes(context) + b" b<eos>"
+    cont = converter.continuation(context[:-1], "a b")
+    assert vocab.ids_to_bytes(cont) == b"a b" and not specials(vocab, cont)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=RANDOM_TEXTS, data=st.data())
+def test_property_conversion_between_tokenizers_keeps_the_bytes(byte_tables, text, data):
+    """Text generated on side A (in A's tokens, cut at random token boundaries, characters possibly split) and
+    converted round by round onto side B's context decodes to exactly the same bytes, with no special token."""
+    source_name, dest_name = data.draw(st.sampled_from(_ordered_pairs(byte_tables)), label="pair")
+    source, dest = byte_tables[source_name], byte_tables[dest_name]
+    assume(spells(source, text) and spells(dest, text))
+    assume(all(spells(dest, c) for c in text) and unicodedata.normalize("NFC", text) == text)
+    source_ids = source.encode(text)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(source_ids))), max_size=6), label="cuts"))
+    converter = TextWindowConverter(dest, window=3)
+    dest_context = list(dest.bos_prefix)
+    done = 0  # bytes converted so far
+    for cut in cuts + [len(source_ids)]:
+        accepted = source.ids_to_bytes(source_ids[:cut])
+        ready = complete_utf8_prefix(accepted)  # a character split across tokens waits for its last byte
+        if ready <= done:
+            continue
+        dest_context += converter.continuation(dest_context, accepted[done:ready].decode("utf-8"))
+        done = ready
+    assert dest.ids_to_bytes(dest_context) == dest.ids_to_bytes(list(dest.bos_prefix)) + text.encode()
+    assert specials(dest, dest_context) == list(dest.bos_prefix)

@@ -9,35 +9,31 @@ SmolLM2 -> Qwen2.5-Coder. Cases already in other test files are not repeated; th
 
 | class | tests |
 |---|---|
-| 1 BOS / specials re-inserted when re-encoding | ``test_drafter_context_is_prompt_plus_accepted_text`` (matrix), ``test_special_tokens_are_never_rewritten_by_a_window``, ``test_property_drafter_context_never_drifts`` |
+| 1 BOS / specials re-inserted when re-encoding | ``test_drafter_context_is_prompt_plus_accepted_text`` (matrix); ``test_alignment::test_special_tokens_are_never_rewritten_by_a_window``, ``test_drafter::test_property_drafter_context_never_drifts`` |
 | 2 look-behind window longer than the prompt | ``test_one_and_two_token_prompts`` (matrix); ``test_integration::test_one_token_prompt`` |
-| 3 target's mask / positions handed to the drafter | ``test_position_ids_and_attention_mask_are_the_targets`` (matrix), ``test_cache_position_is_treated_as_by_the_target_alone``, ``test_bad_position_ids_are_refused`` |
+| 3 target's mask / positions handed to the drafter | ``test_position_ids_and_attention_mask_are_the_targets`` (matrix), ``test_cache_position_is_treated_as_by_the_target_alone``; ``test_plan::test_bad_position_ids_are_refused`` |
 | 4 EOS inside a draft, EOS lists, stop strings, criteria | ``test_eos_list_inside_an_accepted_block`` and ``test_stop_strings_and_custom_criteria_inside_a_block`` (matrix), ``test_eos_list_sampling_is_lossless``; ``test_integration::test_eos_inside_an_accepted_block_stops_exactly_there``, ``test_lossless::test_exact_distribution_stops_at_eos_and_hetspec_stops_there_too`` |
 | 5 q not the distribution drafts were drawn from | ``test_lossless`` (every algorithm on both toy pairs; SLEM, TLI and SLRS on all six real-vocabulary pairs at T=1, 0.7 and top-p, 18 cells by default and 36 ``slow``; broken variants rejected); ``test_token_level_sampling_is_lossless_on_real_vocabularies`` (TLI/SLRS on the three real pairs, ``slow``) |
 | 6 target's id-indexed processors on the drafter | ``test_target_processors_with_id_state`` (matrix), ``test_target_processors_sampling_is_lossless`` |
 | 7 models mutated; second call / other target differs | ``test_nothing_is_mutated_and_calls_repeat``, ``test_one_drafter_with_two_targets``; ``test_integration::test_models_are_not_mutated_and_a_second_call_is_identical`` |
 | 8 vocabularies judged by ``vocab_size`` | ``test_equal_size_different_tokenizers_are_heterogeneous``, ``test_same_tokenizer_padded_differently_is_identical``; ``test_integration::test_same_tokenizer_with_padded_embeddings_is_standard_speculative_decoding`` |
-| 9 chat templates | ``test_each_side_gets_its_own_chat_template``, ``test_chat_markers_map_by_content_without_assistant_input_ids``, ``test_chat_inputs_falls_back_to_the_target_text``, ``test_bad_assistant_input_ids_are_refused``, ``test_assistant_input_ids_without_a_drafter_is_refused``; ``test_integration::test_chat_template_prompt_keeps_special_tokens`` |
+| 9 chat templates | ``test_each_side_gets_its_own_chat_template``, ``test_chat_markers_map_by_content_without_assistant_input_ids``; ``test_chat::test_chat_inputs_falls_back_to_the_target_text``, ``test_plan::test_bad_assistant_input_ids_are_refused``, ``test_plan::test_assistant_input_ids_without_a_drafter_is_refused``, ``test_integration::test_chat_template_prompt_keeps_special_tokens`` |
 | 10 streamers get rejected tokens / nothing until the end | ``test_drafter_context_is_prompt_plus_accepted_text`` (matrix, also records the stream); ``test_integration::test_streamer_receives_only_accepted_tokens_as_they_come`` |
-| 11 Unicode, byte fallback, literal special-token strings | ``test_literal_special_strings_in_the_prompt_stay_text``, ``test_target_generating_literal_special_strings`` (matrix), ``test_slem_drafts_of_literal_special_text_stay_plain_target_tokens``, ``test_property_conversion_between_tokenizers_keeps_the_bytes``; ``test_integration::test_greedy_identical_*`` (emoji, CJK, combining marks, trailing spaces), ``test_alignment`` |
-| 12 lengths | ``test_one_and_two_new_tokens``, ``test_drafts_never_cross_max_length`` (matrix), ``test_prompt_longer_than_the_drafter_context``, ``test_sliding_window_drafter_rolls_back_past_its_window``; ``test_integration::test_short_generations`` |
+| 11 Unicode, byte fallback, literal special-token strings | ``test_literal_special_strings_in_the_prompt_stay_text``, ``test_target_generating_literal_special_strings`` (matrix), ``test_slem_drafts_of_literal_special_text_stay_plain_target_tokens``; ``test_alignment::test_property_conversion_between_tokenizers_keeps_the_bytes``, ``test_integration::test_greedy_identical_*`` (emoji, CJK, combining marks, trailing spaces), ``test_alignment`` |
+| 12 lengths | ``test_one_and_two_new_tokens``, ``test_drafts_never_cross_max_length`` (matrix), ``test_prompt_longer_than_the_drafter_context``; ``test_drafter::test_sliding_window_drafter_rolls_back_past_its_window``, ``test_integration::test_short_generations`` |
 | 13 dtypes and devices | ``test_mixed_dtypes`` (bf16 target + fp32 drafter and the reverse), ``test_inputs_on_another_device_than_the_target`` (CUDA only: CPU prompt and drafter, GPU target; a CPU ``hetspec_generator`` is refused); ``test_integration::test_drafter_in_another_dtype`` |
 """
 
 from __future__ import annotations
 
 import copy
-import unicodedata
 import weakref
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
     LogitsProcessor,
     LogitsProcessorList,
     StoppingCriteria,
@@ -47,23 +43,16 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
 import hf_hetspec.proposer as proposer_module
-from hf_hetspec.alignment import (
-    TextWindowConverter,
-    Vocabulary,
-    complete_utf8_prefix,
-    convert_prompt,
-    sanitize_utf8,
-)
-from hf_hetspec.tools.checker import compare_greedy
+from conftest import ForwardCounter, specials
+from hf_hetspec.alignment import sanitize_utf8, vocabulary
 from hf_hetspec.compat import cache_from_kwargs
 from hf_hetspec.drafter import DrafterContext
-from hf_hetspec.alignment import vocabulary
 from hf_hetspec.plan import Schedule
 from hf_hetspec.slem import SLEMProposer
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.testing import verify_lossless
-from hf_hetspec.testing.toy import byte_level_bpe_tokenizer, sentencepiece_bpe_tokenizer, tiny_causal_lm
-from conftest import ForwardCounter
+from hf_hetspec.testing.toy import sentencepiece_bpe_tokenizer, tiny_causal_lm
+from hf_hetspec.tools.checker import compare_greedy
 
 ALGORITHMS = ["slem", "tli", "slrs"]
 REAL_PAIRS = {
@@ -72,9 +61,6 @@ REAL_PAIRS = {
     "smollm2-qwen": ("smollm2", "qwen2.5-coder"),
 }
 PAIRS = ["toy", "toy_reversed", *REAL_PAIRS]
-#: Control-token strings of all five tokenizers, typed as text.
-SPECIAL_STRINGS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<bos>", "<eos>", "<start_of_turn>",
-                   "<end_of_turn>", "<pad>"]
 ALPHA = 1e-3
 T1 = dict(temperature=1.0, top_k=5)
 
@@ -157,17 +143,13 @@ class _Recorder(BaseStreamer):
         self.ended = True
 
 
-def _specials(vocab: Vocabulary, ids) -> list[int]:
-    return [i for i in ids if i in vocab.special_ids]
-
-
 def _assert_context_spells(ctx: DrafterContext, generated_bytes: bytes) -> None:
     """The drafter's synced ids spell its prompt followed by the accepted text, with no special token added."""
     vocab = ctx.vocab
     synced = ctx.ids[: ctx.n_synced]
     accepted = sanitize_utf8(generated_bytes)[: ctx.synced_len]
     assert vocab.ids_to_bytes(synced) == vocab.ids_to_bytes(ctx.given_prompt) + accepted
-    assert _specials(vocab, synced) == _specials(vocab, ctx.given_prompt)
+    assert specials(vocab, synced) == specials(vocab, ctx.given_prompt)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -251,18 +233,6 @@ def test_cache_position_is_treated_as_by_the_target_alone(toy_pair):
         assert counter.count == 0
     else:
         assert _hetspec(toy_pair, ids, "slem", **kwargs).tolist() == ref.tolist()
-
-
-@pytest.mark.parametrize("positions", [torch.arange(3), torch.arange(4)[None], torch.arange(3.0)[None]],
-                         ids=["1d", "wrong-length", "float"])
-def test_bad_position_ids_are_refused(toy_pair, positions):
-    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
-    try:
-        with pytest.raises(ValueError, match="position_ids"):
-            _hetspec(toy_pair, torch.tensor([[5, 6, 7]]), "slem", max_new_tokens=3, position_ids=positions)
-    finally:
-        counter.close()
-    assert counter.count == 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -494,7 +464,7 @@ def test_each_side_gets_its_own_chat_template(request, pair_name, algorithm, con
                                                                  return_dict=True, return_tensors="pt")["input_ids"]
         assert inputs["assistant_input_ids"].tolist() == drafter_ids.tolist()
         # the drafter's own turn markers are real special tokens of its vocabulary
-        assert len(_specials(vocabulary(pair.drafter_tokenizer), drafter_ids[0].tolist())) >= 2
+        assert len(specials(vocabulary(pair.drafter_tokenizer), drafter_ids[0].tolist())) >= 2
 
 
 def _pair_by_name(request, name):
@@ -519,54 +489,7 @@ def test_chat_markers_map_by_content_without_assistant_input_ids(real_pair, cont
     assert dt.decode(prompt) == pair.target_tokenizer.decode(ids[0])
 
 
-def test_chat_inputs_falls_back_to_the_target_text(real_pair):
-    """Gemma-3's tokenizer in ``../shared`` has no chat template (a base model): the drafter gets the target's
-    rendered prompt, converted exactly as ``generate()`` converts it without ``assistant_input_ids``."""
-    pair = real_pair("qwen2.5-coder", "gemma3")
-    assert not pair.drafter_tokenizer.chat_template
-    inputs = hf_hetspec.chat_inputs([{"role": "user", "content": "hi <eos>"}], pair.target_tokenizer,
-                                    pair.drafter_tokenizer)
-    converted = convert_prompt(vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer),
-                               inputs["input_ids"][0].tolist())
-    assert inputs["assistant_input_ids"][0].tolist() == converted
-    drafter_vocab = vocabulary(pair.drafter_tokenizer)
-    # only Gemma's own <bos> is special; ChatML markers and the typed "<eos>" are text for Gemma
-    assert _specials(drafter_vocab, converted) == [pair.drafter_tokenizer.bos_token_id]
-    assert drafter_vocab.ids_to_bytes(converted[1:]) == vocabulary(pair.target_tokenizer).ids_to_bytes(
-        inputs["input_ids"][0].tolist())
 
-
-BAD_DRAFTER_PROMPTS = [
-    (torch.tensor([[1.0, 2.0]]), ValueError, "integer"),
-    (torch.tensor([5, 6]), ValueError, r"shape \(2,\)"),
-    (torch.tensor([[5, 6], [7, 8]]), NotImplementedError, "batch"),
-    (torch.ones(1, 0, dtype=torch.long), ValueError, "empty"),
-    (torch.tensor([[5, 10_000]]), ValueError, "outside the drafter vocabulary"),
-    (torch.tensor([[-1, 5]]), ValueError, "outside the drafter vocabulary"),
-    ([[5, 6]], ValueError, "integer tensor"),
-]
-
-
-@pytest.mark.parametrize("value,error,words", BAD_DRAFTER_PROMPTS,
-                         ids=["float", "1d", "batch", "empty", "too-large", "negative", "list"])
-def test_bad_assistant_input_ids_are_refused(toy_pair, value, error, words):
-    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
-    try:
-        with pytest.raises(error, match=words) as info:
-            _hetspec(toy_pair, torch.tensor([[5, 6, 7]]), "slem", max_new_tokens=3, assistant_input_ids=value)
-    finally:
-        counter.close()
-    assert counter.count == 0 and "assistant_input_ids" in str(info.value)
-
-
-def test_assistant_input_ids_without_a_drafter_is_refused(toy_pair):
-    hf_hetspec.enable(toy_pair.target)
-    try:
-        with pytest.raises(ValueError, match="assistant_input_ids.*assistant_model"):
-            toy_pair.target.generate(torch.tensor([[5, 6]]), max_new_tokens=2,
-                                     assistant_input_ids=torch.tensor([[2, 7]]))
-    finally:
-        hf_hetspec.disable(toy_pair.target)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -582,11 +505,11 @@ def test_literal_special_strings_in_the_prompt_stay_text(pair, algorithm, contex
     the drafter must see them as text too."""
     tok = pair.target_tokenizer
     ids = tok(pair.prompts[0] + LITERAL_TEXT, return_tensors="pt", split_special_tokens=True).input_ids
-    assert not _specials(vocabulary(tok), ids[0, 1:].tolist())
+    assert not specials(vocabulary(tok), ids[0, 1:].tolist())
     _greedy_identical(pair, ids, algorithm, max_new_tokens=10)
     prompt = contexts[-1].given_prompt
     drafter_vocab = vocabulary(pair.drafter_tokenizer)
-    assert _specials(drafter_vocab, prompt) == list(drafter_vocab.bos_prefix)
+    assert specials(drafter_vocab, prompt) == list(drafter_vocab.bos_prefix)
 
 
 class _ForceText(LogitsProcessor):
@@ -626,11 +549,11 @@ def test_slem_drafts_of_literal_special_text_stay_plain_target_tokens(request, p
     proposer = SLEMProposer(target_vocab, pair.drafter, drafter_vocab, prompt, schedule=Schedule(4, False),
                             max_length=100, stats=DecodingStats())
     drafted = drafter_vocab.encode(LITERAL_TEXT)
-    assert not _specials(drafter_vocab, drafted)
+    assert not specials(drafter_vocab, drafted)
     proposer.context.ids.extend(drafted)
     target_ids = proposer._to_target(drafted)
     assert target_vocab.ids_to_bytes(target_ids) == LITERAL_TEXT.encode()
-    assert not _specials(target_vocab, target_ids)
+    assert not specials(target_vocab, target_ids)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -710,34 +633,6 @@ def test_prompt_longer_than_the_drafter_context(toy_pair, short_context_drafters
         assert stats.accepted_tokens > 0  # the truncated drafter still drafts usefully
 
 
-@pytest.mark.parametrize("depth", [1, 3, 7])
-def test_sliding_window_drafter_rolls_back_past_its_window(toy_sp_tokenizer, depth):
-    """Gemma-3 drafters attend to a sliding window (512 tokens) in most layers; transformers' sliding-window
-    cache layers keep only the window plus what was fed since their last crop, so a re-tokenization that
-    replaces older tokens could not be rolled back (a shape error inside attention once the context passed
-    the window, seen on Spec-Bench summarization prompts with Gemma-3-270M). After any rollback the drafter's
-    next-token logits are those of a fresh forward over the same ids."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(vocab_size=len(toy_sp_tokenizer), hidden_size=32, intermediate_size=64,
-                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                              sliding_window=8, layer_types=["sliding_attention", "full_attention"])
-    torch.manual_seed(0)
-    drafter = Gemma3ForCausalLM(config).eval()
-    vocab = hf_hetspec.alignment.Vocabulary.from_tokenizer(toy_sp_tokenizer)
-    prompt = toy_sp_tokenizer("def f(x):\n    return x\n" * 3).input_ids
-    context = hf_hetspec.drafter.DrafterContext(drafter, vocab, prompt)
-    assert len(context.ids) > 2 * config.sliding_window
-    context.next_logits()  # prefill
-    hf_hetspec.drafter.rollback_cache(context.cache, context.cache.get_seq_length() - 1)  # a crop
-    hf_hetspec.drafter.rollback_cache(context.cache, context.cache.get_seq_length() - depth)  # deeper than fed since
-    del context.ids[len(context.ids) - depth :]
-    got = context.next_logits()
-    with torch.no_grad():
-        expected = drafter(torch.tensor([context.ids])).logits[:, -1]
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Class 13: dtypes and devices
 # ---------------------------------------------------------------------------------------------------
@@ -778,138 +673,3 @@ def test_inputs_on_another_device_than_the_target(toy_pair, algorithm):
         _hetspec(pair, ids, algorithm, do_sample=True, max_new_tokens=4, hetspec_generator=torch.Generator())
 
 
-# ---------------------------------------------------------------------------------------------------
-# Property tests: conversion between tokenizers and the drafter's context never drift (no models)
-# ---------------------------------------------------------------------------------------------------
-
-_PIECES = st.one_of(
-    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8),
-    st.sampled_from(SPECIAL_STRINGS + ["🙂", "👍🏽", "数学", "e\u0301", "\u00e9", "  ", "\n\n", "\t", " <", "|>"]),
-)
-_TEXTS = st.lists(_PIECES, min_size=1, max_size=8).map("".join).filter(bool)
-TOKENIZER_NAMES = ["toy-bytelevel", "toy-sentencepiece", "qwen2.5-coder", "smollm2", "gemma3"]
-
-
-@pytest.fixture(scope="module")
-def tokenizers(request):
-    """The byte tables of the toy and (when ``../shared`` exists) the real tokenizers."""
-    tables = {"toy-bytelevel": Vocabulary.from_tokenizer(byte_level_bpe_tokenizer()),
-              "toy-sentencepiece": Vocabulary.from_tokenizer(sentencepiece_bpe_tokenizer())}
-    try:
-        load = request.getfixturevalue("real_tokenizer")
-        for name in ("qwen2.5-coder", "smollm2", "gemma3"):
-            tables[name] = vocabulary(load(name))
-    except pytest.skip.Exception:
-        pass
-    return tables
-
-
-def _spells(vocab: Vocabulary, text: str) -> bool:
-    """The tokenizer spells ``text`` byte for byte (no normalization such as Qwen2's NFC changes it)."""
-    return vocab.ids_to_bytes(vocab.encode(text)) == text.encode()
-
-
-def _real_pairs_or_toys(tables):
-    names = [n for n in TOKENIZER_NAMES if n in tables]
-    return [(a, b) for a in names for b in names if a != b]
-
-
-@pytest.mark.parametrize("name", TOKENIZER_NAMES)
-def test_special_tokens_are_never_rewritten_by_a_window(tokenizers, name):
-    """Text after a control token (a chat marker, the drafter's BOS) is re-encoded without it: the window
-    never turns a real special token into its characters (which would spell the same bytes)."""
-    if name not in tokenizers:
-        pytest.skip(f"{name}: real tokenizers not available")
-    vocab = tokenizers[name]
-    marker = vocab.tokenizer.eos_token_id
-    context = list(vocab.bos_prefix) + [marker] + vocab.encode("a")
-    converter = TextWindowConverter(vocab, window=4)
-    assert converter.window_start(context) == len(context) - 1
-    n_keep, new = converter.resync(context, len(context), " b<eos>")
-    assert n_keep >= len(context) - 1 and marker not in new  # the marker is kept, never re-encoded
-    assert vocab.ids_to_bytes(context[:n_keep] + new) == vocab.ids_to_bytes(context) + b" b<eos>"
-    cont = converter.continuation(context[:-1], "a b")
-    assert vocab.ids_to_bytes(cont) == b"a b" and not _specials(vocab, cont)
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=_TEXTS, data=st.data())
-def test_property_conversion_between_tokenizers_keeps_the_bytes(tokenizers, text, data):
-    """Text generated on side A (in A's tokens, cut at random token boundaries, characters possibly split) and
-    converted round by round onto side B's context decodes to exactly the same bytes, with no special token."""
-    source_name, dest_name = data.draw(st.sampled_from(_real_pairs_or_toys(tokenizers)), label="pair")
-    source, dest = tokenizers[source_name], tokenizers[dest_name]
-    assume(_spells(source, text) and _spells(dest, text))
-    assume(all(_spells(dest, c) for c in text) and unicodedata.normalize("NFC", text) == text)
-    source_ids = source.encode(text)
-    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(source_ids))), max_size=6), label="cuts"))
-    converter = TextWindowConverter(dest, window=3)
-    dest_context = list(dest.bos_prefix)
-    done = 0  # bytes converted so far
-    for cut in cuts + [len(source_ids)]:
-        accepted = source.ids_to_bytes(source_ids[:cut])
-        ready = complete_utf8_prefix(accepted)  # a character split across tokens waits for its last byte
-        if ready <= done:
-            continue
-        dest_context += converter.continuation(dest_context, accepted[done:ready].decode("utf-8"))
-        done = ready
-    assert dest.ids_to_bytes(dest_context) == dest.ids_to_bytes(list(dest.bos_prefix)) + text.encode()
-    assert _specials(dest, dest_context) == list(dest.bos_prefix)
-
-
-class _StubDrafter(torch.nn.Module):
-    """Enough of a causal LM for :class:`DrafterContext` bookkeeping; it is never run."""
-
-    def __init__(self, max_positions=None):
-        super().__init__()
-        self.config = LlamaConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
-                                  max_position_embeddings=max_positions or 10**9)
-        self.embed = torch.nn.Embedding(1, 1)
-
-    def get_input_embeddings(self):
-        return self.embed
-
-    def forward(self, input_ids, past_key_values=None, use_cache=True):  # pragma: no cover - never called
-        raise AssertionError("DrafterContext.sync/append_text never run the drafter")
-
-
-_SHORT_PROMPTS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=2)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(prompt=st.one_of(_SHORT_PROMPTS, _TEXTS), chunks=st.lists(_TEXTS, min_size=1, max_size=6), data=st.data())
-def test_property_drafter_context_never_drifts(tokenizers, prompt, chunks, data):
-    """Rounds of (a draft: the drafter's own tokens for a prefix of the next text plus random tokens, or SLRS's
-    ``append_text``) then ``sync(accepted text)``: the synced context always spells prompt + accepted text,
-    special tokens only where the prompt had them. With a small maximum context the context is the BOS plus
-    the tail of that text, within the limit."""
-    name = data.draw(st.sampled_from([n for n in TOKENIZER_NAMES if n in tokenizers]), label="tokenizer")
-    capacity = data.draw(st.sampled_from([None, 40]), label="max_positions")
-    vocab = tokenizers[name]
-    accepted_text = "".join(chunks)
-    assume(all(_spells(vocab, t) for t in [prompt, accepted_text, *chunks]))
-    assume(unicodedata.normalize("NFC", prompt + accepted_text) == prompt + accepted_text)
-    prompt_ids = list(vocab.bos_prefix) + vocab.encode(prompt)
-    ctx = DrafterContext(_StubDrafter(capacity), vocab, prompt_ids, window=3)
-    expected = vocab.ids_to_bytes(prompt_ids)
-    accepted = b""
-    regular = [i for i in range(len(vocab.tokenizer)) if vocab.token_bytes[i] and i not in vocab.special_ids]
-    for chunk in chunks:
-        if data.draw(st.booleans(), label="slrs-append"):
-            ctx.append_text(chunk[: data.draw(st.integers(0, len(chunk)), label="appended")])
-        else:
-            good = vocab.encode(chunk)[: data.draw(st.integers(0, 4), label="good")]
-            noise = data.draw(st.lists(st.sampled_from(regular), max_size=3), label="noise")
-            ctx.ids.extend(good + noise)
-        accepted += chunk.encode()
-        ctx.sync(accepted)
-        synced = vocab.ids_to_bytes(ctx.ids[: ctx.n_synced])
-        if ctx.truncated_tokens == 0:
-            assert synced == expected + accepted
-            assert _specials(vocab, ctx.ids[: ctx.n_synced]) == _specials(vocab, prompt_ids)
-        else:
-            sink = ctx.ids[: ctx.n_sink]
-            assert sink == list(vocab.bos_prefix)
-            assert (expected + accepted).endswith(vocab.ids_to_bytes(ctx.ids[ctx.n_sink : ctx.n_synced]))
-            assert ctx.n_synced <= ctx.capacity - ctx.reserve
-        assert ctx.ids == ctx.ids[: ctx.n_synced]  # nothing left of the draft after a sync

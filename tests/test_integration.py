@@ -126,7 +126,6 @@ def test_stats_follow_the_documented_conventions(toy_pair):
                                 "mean_accepted_per_forward", "drafter_s", "target_s", "translation_s"}
 
 
-
 @pytest.mark.parametrize("text", ["trailing spaces   ", "混合 text: 数学 🙂👍🏽 café"])
 def test_rejections_and_alpha(toy_pair, text):
     """Off-corpus prompts, where the toy models disagree: a round's verification rejects at most once; alpha
@@ -251,23 +250,6 @@ def test_default_schedules(toy_pair):
     lookaheads = hf_hetspec.last_stats(toy_pair.target).lookaheads
     assert lookaheads[0] == plan.DEFAULT_LOOKAHEAD and len(set(lookaheads)) > 1
     assert all(abs(b - a) in (1, 2) or b == a for a, b in zip(lookaheads, lookaheads[1:]))
-
-
-def test_draft_stop():
-    """DraftStop ends a draft after a token below min_confidence or once the running product of the
-    drafted tokens' probabilities falls below min_joint."""
-    import itertools
-
-    from hf_hetspec.drafter import DraftStop
-
-    stop = DraftStop(min_joint=0.35)
-    # running products 0.9, 0.72, 0.432, 0.3888, 0.2722: the fifth token ends the draft
-    confidences = (0.9, 0.8, 0.6, 0.9, 0.7)
-    joints = itertools.accumulate(confidences, lambda a, b: a * b)
-    assert [stop.ends(p, j) for p, j in zip(confidences, joints)] == [False, False, False, False, True]
-    per_token = DraftStop(min_confidence=0.5)
-    assert [per_token.ends(p, 1.0) for p in (0.9, 0.9, 0.4)] == [False, False, True]
-    assert not DraftStop().enabled and DraftStop(min_joint=0.1).enabled and DraftStop(min_confidence=0.1).enabled
 
 
 def test_drafter_in_another_dtype(toy_pair):

@@ -9,6 +9,7 @@ import torch
 from transformers import GenerationConfig
 
 import hf_hetspec
+from conftest import ForwardCounter
 from hf_hetspec import plan
 from hf_hetspec.drafter import DraftStop
 from hf_hetspec.plan import (
@@ -148,3 +149,63 @@ def test_the_generation_config_is_merged_once_per_call(toy_pair, monkeypatch):
     # ours with the generation keywords; transformers' own call gets the merged config and no such keyword
     assert merged[0] == ["do_sample", "max_new_tokens"]
     assert all(keys == [] for keys in merged[1:])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Refusals before any forward pass
+# ---------------------------------------------------------------------------------------------------
+
+
+def _hetspec(pair, ids, algorithm, **kwargs):
+    hf_hetspec.enable(pair.target)
+    try:
+        return pair.target.generate(ids, assistant_model=pair.drafter, tokenizer=pair.target_tokenizer,
+                                    assistant_tokenizer=pair.drafter_tokenizer, hetspec_algorithm=algorithm,
+                                    **kwargs)
+    finally:
+        hf_hetspec.disable(pair.target)
+
+
+@pytest.mark.parametrize("positions", [torch.arange(3), torch.arange(4)[None], torch.arange(3.0)[None]],
+                         ids=["1d", "wrong-length", "float"])
+def test_bad_position_ids_are_refused(toy_pair, positions):
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
+    try:
+        with pytest.raises(ValueError, match="position_ids"):
+            _hetspec(toy_pair, torch.tensor([[5, 6, 7]]), "slem", max_new_tokens=3, position_ids=positions)
+    finally:
+        counter.close()
+    assert counter.count == 0
+
+
+BAD_DRAFTER_PROMPTS = [
+    (torch.tensor([[1.0, 2.0]]), ValueError, "integer"),
+    (torch.tensor([5, 6]), ValueError, r"shape \(2,\)"),
+    (torch.tensor([[5, 6], [7, 8]]), NotImplementedError, "batch"),
+    (torch.ones(1, 0, dtype=torch.long), ValueError, "empty"),
+    (torch.tensor([[5, 10_000]]), ValueError, "outside the drafter vocabulary"),
+    (torch.tensor([[-1, 5]]), ValueError, "outside the drafter vocabulary"),
+    ([[5, 6]], ValueError, "integer tensor"),
+]
+
+
+@pytest.mark.parametrize("value,error,words", BAD_DRAFTER_PROMPTS,
+                         ids=["float", "1d", "batch", "empty", "too-large", "negative", "list"])
+def test_bad_assistant_input_ids_are_refused(toy_pair, value, error, words):
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
+    try:
+        with pytest.raises(error, match=words) as info:
+            _hetspec(toy_pair, torch.tensor([[5, 6, 7]]), "slem", max_new_tokens=3, assistant_input_ids=value)
+    finally:
+        counter.close()
+    assert counter.count == 0 and "assistant_input_ids" in str(info.value)
+
+
+def test_assistant_input_ids_without_a_drafter_is_refused(toy_pair):
+    hf_hetspec.enable(toy_pair.target)
+    try:
+        with pytest.raises(ValueError, match="assistant_input_ids.*assistant_model"):
+            toy_pair.target.generate(torch.tensor([[5, 6]]), max_new_tokens=2,
+                                     assistant_input_ids=torch.tensor([[2, 7]]))
+    finally:
+        hf_hetspec.disable(toy_pair.target)
