@@ -59,7 +59,7 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       ``t > 0``: at temperature ``t`` instead (the call's top-k/top-p still apply); ``0``: its argmax, verified
       by speculative sampling against the one-hot ``q`` it came from (acceptance ``p(x)``, as with
       exact-match sampling). The output has the target's distribution whatever the value: only the speed
-      changes (README "Draft temperature").
+      changes (docs/api.md "Draft temperature").
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by

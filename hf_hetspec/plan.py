@@ -325,7 +325,7 @@ def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafte
 
     ``auto``: identical vocabularies reduce every algorithm to standard speculative decoding -- SLEM (exact
     match) for greedy calls, TLI (plain speculative sampling) for sampled ones. Different vocabularies: SLEM,
-    greedy and sampled. It was measured fastest on both zoo pairs (README "Measured results"; bf16 CPU,
+    greedy and sampled. It was measured fastest on both zoo pairs (docs/results.md; bf16 CPU,
     HumanEval): with SmolLM2-135M, greedy SLEM 2.26x the target alone (TLI 1.45x, SLRS 1.50x), T=1 SLEM 1.97x
     (TLI 1.30x, SLRS 1.33x); with Gemma-3-270M, T=1 SLEM 1.83x (TLI 1.16x, SLRS 1.10x). Exact match accepts
     any drafter token whose text the target also writes, needs no intersection, and its acceptance
