@@ -27,7 +27,8 @@ from functools import cached_property
 from transformers import PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+#: A SentencePiece byte-fallback token, ``<0xNN>``: it spells the one byte ``NN``.
+BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _UNICODE_TO_BYTE = {ch: b for b, ch in bytes_to_unicode().items()}
 
 
@@ -90,7 +91,7 @@ class Vocabulary:
                 except KeyError:  # not a byte-level string: a plain added piece
                     table[idx] = token.encode("utf-8")
             else:
-                m = _BYTE_FALLBACK.match(token)
+                m = BYTE_FALLBACK.match(token)
                 table[idx] = bytes([int(m.group(1), 16)]) if m else token.replace("\u2581", " ").encode("utf-8")
         special = frozenset(i for i, tok in added.items() if tok.special)
         return cls(tokenizer=tokenizer, token_bytes=table, special_ids=special, kind=kind)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .alignment import Vocabulary
+from .alignment import BYTE_FALLBACK, Vocabulary
 
-_BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 FORMAT_VERSION = 1
 
 
@@ -113,7 +111,7 @@ def _canonical_ids(vocab: Vocabulary) -> dict[bytes, int]:
         if not data or idx in vocab.special_ids:
             continue
         token = tokens[idx] if idx < len(tokens) else None
-        table = fallback if (vocab.kind == "metaspace" and token and _BYTE_FALLBACK.match(token)) else best
+        table = fallback if (vocab.kind == "metaspace" and token and BYTE_FALLBACK.match(token)) else best
         table.setdefault(data, idx)
     for data, idx in fallback.items():
         best.setdefault(data, idx)
