@@ -30,6 +30,7 @@ from .proposer import HeterogeneousProposer
 from .slem import SLEMProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
+from .support import check_model_supported
 from .tli import TLIProposer
 
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
@@ -162,6 +163,9 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
         )
     if not isinstance(drafter, PreTrainedModel):
         raise TypeError(f"assistant_model must be a transformers PreTrainedModel, got {type(drafter).__name__}.")
+    # a cache that a crop cannot roll back exactly would make the output differ from the target's
+    check_model_supported(target, "target")
+    check_model_supported(drafter, "drafter")
     if target_tokenizer is None or drafter_tokenizer is None:
         missing = "tokenizer" if target_tokenizer is None else "assistant_tokenizer"
         raise ValueError(
