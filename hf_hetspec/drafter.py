@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
 from .compat import cache_kwargs
+from .recurrent import SnapshotCache, is_state_layer
 
 #: Positions kept free after the synced context for one draft (lookahead <= 16 target tokens, a few drafter
 #: tokens each); at most half of the drafter's maximum context.
@@ -239,6 +240,9 @@ class DrafterContext:
         models every layer keeps its whole past instead -- the model's sliding-window mask still applies, so
         the logits are the same."""
         cache = DynamicCache(config=self.model.config)
+        if any(is_state_layer(layer) for layer in cache.layers):
+            # recurrent drafters (Mamba, Jamba, ...): rolled back from state snapshots, see hf_hetspec.recurrent
+            return SnapshotCache(self.model.config.get_text_config(decoder=True))
         if any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers):
             cache = DynamicCache()
         if hasattr(cache, "activate_past_recording"):
@@ -369,6 +373,20 @@ class DrafterContext:
         (only the kept rows after :meth:`restrict_head`)."""
         if self.capacity is not None and self.cache.get_seq_length() + feed.shape[1] > self.capacity:
             raise DrafterContextFull(f"the drafter holds at most {self.capacity} positions")
+        if isinstance(self.cache, SnapshotCache):
+            # one token at a time over a non-empty recurrent cache: a longer forward would restart its scan from
+            # a zero state, and each position gets a snapshot to roll back to
+            if self.cache.get_seq_length() > 0:
+                for i in range(feed.shape[1] - 1):
+                    self._forward_once(feed[:, i : i + 1])
+                    self.cache.advance(1)
+                feed = feed[:, -1:]
+            logits = self._forward_once(feed)
+            self.cache.advance(feed.shape[1])
+            return logits
+        return self._forward_once(feed)
+
+    def _forward_once(self, feed: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
         if self.head is not None:
             return self.head(feed, self.cache)

@@ -7,7 +7,9 @@ linear-attention layer (Mamba, Mamba2, the mamba layers of Jamba, Bamba, Zamba, 
 hybrids, the linear-attention layers of Qwen3-Next, LFM2's convolutions) folds every position into one
 state; transformers 5.x crops only its convolution window, not the recurrent state, and a multi-token
 forward over such a cache restarts the scan from a zero state. Verifying a draft through it would give
-output that differs from the target alone, so such models are refused before any work.
+output that differs from the target alone, so such *targets* are refused before any work. A *drafter* with
+such layers is rolled back from per-position state snapshots instead (:mod:`hf_hetspec.recurrent`): its
+state only affects speed, and stepping it one token at a time costs drafter forwards, which are cheap.
 
 The decision reads the cache transformers builds for the model (``DynamicCache(config=...)``, the cache
 ``generate()`` prepares), layer by layer, and the config's ``is_encoder_decoder``; it never looks at model
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DummyLayer, LinearAttentionCacheLayerMixin
+
+from .recurrent import is_state_layer
 
 ROLES = ("target", "drafter")
 
@@ -37,16 +41,20 @@ class Support:
     reason: str = ""
 
 
-def layer_support(layer) -> Support:
-    """Whether a crop rolls one cache layer (a fresh, empty one) back exactly.
+def layer_support(layer, role: str = "target") -> Support:
+    """Whether one cache layer (a fresh, empty one) of a ``role`` model can be rolled back exactly.
 
     Exact: attention key/value layers (``CacheLayerMixin``: full, sliding-window, chunked, indexed) that
     report ``is_croppable`` and layers that hold nothing (``DummyLayer``: MoE/MLP-only layers, layers that
     reuse another layer's keys). Not exact: any layer with a recurrent, linear-attention or convolution state
     (``LinearAttentionCacheLayerMixin``, also when it holds attention keys too), a layer reporting
     ``is_croppable`` False (quantized layers), and any other type (unknown: its crop cannot be vouched for).
+    A drafter may also have layers of recurrent/convolution state only (:func:`hf_hetspec.recurrent.is_state_layer`),
+    rolled back from snapshots.
     """
     name = type(layer).__name__
+    if role == "drafter" and is_state_layer(layer):
+        return Support(True)
     if isinstance(layer, LinearAttentionCacheLayerMixin):
         return Support(False, f"its cache has {name} layers, whose recurrent/linear-attention state a crop cannot "
                               "roll back to an earlier position")
@@ -59,18 +67,18 @@ def layer_support(layer) -> Support:
     return Support(True)
 
 
-def cache_support(cache) -> Support:
+def cache_support(cache, role: str = "target") -> Support:
     """:func:`layer_support` over every layer of ``cache`` (a transformers ``Cache``); the first failing layer
     gives the reason."""
     for layer in cache.layers:
-        verdict = layer_support(layer)
+        verdict = layer_support(layer, role)
         if not verdict.supported:
             return verdict
     return Support(True)
 
 
-def model_support(model) -> Support:
-    """Whether ``model`` (a transformers ``PreTrainedModel``) can be a target or drafter of hf_hetspec.
+def model_support(model, role: str = "target") -> Support:
+    """Whether ``model`` (a transformers ``PreTrainedModel``) can be the ``role`` (``"target"`` or ``"drafter"``).
 
     Refused: encoder-decoder models (``config.is_encoder_decoder``: hf_hetspec drafts and verifies one
     decoder-only sequence), models that keep a cache of their own instead of transformers' ``DynamicCache``
@@ -86,7 +94,7 @@ def model_support(model) -> Support:
         return Support(False, "it keeps a cache of its own instead of transformers' DynamicCache, which hf_hetspec "
                               "cannot roll back")
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    return cache_support(DynamicCache(config=text_config))
+    return cache_support(DynamicCache(config=text_config), role)
 
 
 def check_model_supported(model, role: str) -> None:
@@ -102,7 +110,7 @@ def check_model_supported(model, role: str) -> None:
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    verdict = model_support(model)
+    verdict = model_support(model, role)
     if verdict.supported:
         return
     argument = "the model generate() is called on" if role == "target" else "`assistant_model`"

@@ -19,9 +19,15 @@ from hf_hetspec import decoding, plan
 from hf_hetspec.drafter import rollback_cache
 from hf_hetspec.support import cache_support, check_model_supported, layer_support, model_support
 from hf_hetspec.testing import toy
-from hf_hetspec.testing.architectures import REFUSED_ARCHITECTURES, TINY_ARCHITECTURES, perturbed_copy, tiny_model
+from hf_hetspec.testing.architectures import (
+    REFUSED_DRAFTERS,
+    REFUSED_TARGETS,
+    TINY_ARCHITECTURES,
+    perturbed_copy,
+    tiny_model,
+)
 
-SUPPORTED = [name for name in TINY_ARCHITECTURES if name not in REFUSED_ARCHITECTURES]
+SUPPORTED = [name for name in TINY_ARCHITECTURES if name not in REFUSED_TARGETS]
 ALGORITHMS = ("slem", "tli", "slrs")
 NEW_TOKENS = 16
 #: Drafter noise (times each weight tensor's spread): drafts are partly accepted for every architecture.
@@ -91,7 +97,7 @@ def test_supported_architecture_is_exact_as_target_and_drafter(name, tokenizers)
     assert accepted > 0 and rejections > 0, (name, accepted, rejections)
 
 
-@pytest.mark.parametrize("name", REFUSED_ARCHITECTURES)
+@pytest.mark.parametrize("name", REFUSED_TARGETS)
 def test_refused_architecture_as_target_before_any_work(name, tokenizers):
     target = _model(name, tokenizers)
     drafter = _model("llama", tokenizers)
@@ -101,7 +107,7 @@ def test_refused_architecture_as_target_before_any_work(name, tokenizers):
     assert calls[0] == 0
 
 
-@pytest.mark.parametrize("name", REFUSED_ARCHITECTURES)
+@pytest.mark.parametrize("name", REFUSED_DRAFTERS)
 def test_refused_architecture_as_drafter_before_any_work(name, tokenizers):
     target = _model("llama", tokenizers)
     drafter = _model(name, tokenizers)

@@ -19,7 +19,8 @@ _LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, nu
                    num_key_value_heads=2)
 
 #: name -> (transformers config class name, tiny config arguments). Decoder-only attention models first
-#: (sliding windows of 4 tokens, shorter than the tests' outputs), then models hf_hetspec refuses.
+#: (sliding windows of 4 tokens, shorter than the tests' outputs), then models hf_hetspec refuses as
+#: target (:data:`REFUSED_TARGETS`).
 #: Some get a wider ``initializer_range``: at 0.02 their greedy output repeats one token, so every draft would be
 #: accepted and no rollback exercised.
 TINY_ARCHITECTURES: dict[str, tuple[str, dict]] = {
@@ -64,8 +65,10 @@ TINY_ARCHITECTURES: dict[str, tuple[str, dict]] = {
     "t5": ("T5Config", dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)),
 }
 
-#: Names in :data:`TINY_ARCHITECTURES` that hf_hetspec must refuse.
-REFUSED_ARCHITECTURES = ("jamba", "mamba", "mamba2", "rwkv", "t5")
+#: Names in :data:`TINY_ARCHITECTURES` that hf_hetspec must refuse as target.
+REFUSED_TARGETS = ("jamba", "mamba", "mamba2", "rwkv", "t5")
+#: ... and as drafter (recurrent drafters are rolled back from state snapshots, :mod:`hf_hetspec.recurrent`).
+REFUSED_DRAFTERS = ("rwkv", "t5")
 
 
 def tiny_model(name: str, vocab_size: int, special_ids: dict[str, int | None] | None = None,
