@@ -33,7 +33,8 @@ class Support:
     """Whether a model can be a target or drafter, and if not, why.
 
     Attributes:
-        supported: every layer of its cache is rolled back exactly by a crop.
+        supported: every layer of its cache is rolled back exactly (by a crop; a drafter's state layers from
+            snapshots).
         reason: empty when supported; else one sentence naming what cannot be rolled back.
     """
 
