@@ -13,6 +13,7 @@ import torch
 import hf_hetspec
 from hf_hetspec.custom_generate import FOLDER
 from hf_hetspec.testing import check_lossless, exact_target_distribution, sample_outcomes
+from conftest import ForwardCounter
 
 FOLDER_ARGS = dict(custom_generate=str(FOLDER), trust_remote_code=True)
 T1 = dict(temperature=1.0, top_k=4)  # at most 16 outcomes: few bins, power at a small n
@@ -138,3 +139,21 @@ def test_unimportable_hf_hetspec_gets_a_message_naming_the_fix(toy_pair, tmp_pat
     monkeypatch.setitem(__import__("sys").modules, "hf_hetspec.custom_generate", None)
     with pytest.raises(ImportError, match=r"pip install hf_hetspec"):
         _folder_generate(toy_pair, _ids(toy_pair, "the"), folder=folder, max_new_tokens=3)
+
+
+def test_custom_generate_on_an_enabled_model_is_refused_not_dropped(toy_pair):
+    """An enabled model decodes an assisted call itself: any custom_generate would be silently replaced."""
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+    hf_hetspec.enable(toy_pair.target)
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
+    try:
+        with pytest.raises(ValueError, match=r"custom_generate=.*disable"):
+            _folder_generate(toy_pair, ids, max_new_tokens=5)
+        assert counter.count == 0
+        # without a drafter the folder's plain path runs, as on any model
+        reference = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=5, do_sample=False)
+        out = toy_pair.target.generate(ids, max_new_tokens=5, do_sample=False, **FOLDER_ARGS)
+        assert out.tolist() == reference.tolist()
+    finally:
+        counter.close()
+        hf_hetspec.disable(toy_pair.target)
