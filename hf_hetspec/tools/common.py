@@ -19,7 +19,7 @@ DEMO_DRAFTER = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # `hf-hetspec demo` (prompts, new tokens): the default finishes in minutes on a busy 2-core CPU; --full is
 # the longer comparison
-DEMO_DEFAULT = (3, 48)
+DEMO_DEFAULT = (3, 32)
 DEMO_FULL = (8, 128)
 WARMUP_MESSAGE = "Write one short sentence about the sea."
 WARMUP_TOKENS = 4
