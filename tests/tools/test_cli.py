@@ -10,7 +10,7 @@ import torch
 
 from hf_hetspec import integration
 from hf_hetspec.testing import toy
-from hf_hetspec.tools import cli, zoo
+from hf_hetspec.tools import cli, common, zoo
 from hf_hetspec.tools.common import DEMO_DEFAULT, DEMO_FULL
 from hf_hetspec.tools.prompts import MissingHumanEval
 from hf_hetspec.tools.runner import METHODS, MethodError, Runner
@@ -170,7 +170,7 @@ def test_bad_algorithm_is_a_one_line_error(pair, capsys):
 
 
 def test_unimplemented_algorithm_is_refused_before_loading(capsys, monkeypatch):
-    monkeypatch.setattr(integration, "IMPLEMENTED", ("slem",))
+    monkeypatch.setattr(common, "IMPLEMENTED", ("slem",))  # the name check_algorithm reads
     argv = ("generate", "--target", "no-such-model", "--drafter", "x", "--algorithm", "tli", PROMPT)
     code, _, err = run(capsys, *argv)
     assert code == 2
