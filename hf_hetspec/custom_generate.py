@@ -17,8 +17,9 @@ from pathlib import Path
 from .integration import _generate
 
 #: The folder to pass as ``custom_generate=`` (it holds ``custom_generate/generate.py`` and
-#: ``custom_generate/requirements.txt``); ``hf-hetspec pairing push --with-custom-generate`` uploads it.
-FOLDER = Path(__file__).resolve().parent / "hub"
+#: ``custom_generate/requirements.txt``); ``hf-hetspec pairing push --with-custom-generate`` uploads it. A
+#: ``str``: transformers loads ``custom_generate`` only when it is a string and ignores a ``Path`` silently.
+FOLDER = str(Path(__file__).resolve().parent / "hub")
 
 
 def generate(*args, model, **kwargs):

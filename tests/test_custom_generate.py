@@ -15,7 +15,7 @@ from hf_hetspec.custom_generate import FOLDER
 from hf_hetspec.testing import check_lossless, exact_target_distribution, sample_outcomes
 from conftest import ForwardCounter
 
-FOLDER_ARGS = dict(custom_generate=str(FOLDER), trust_remote_code=True)
+FOLDER_ARGS = dict(custom_generate=FOLDER, trust_remote_code=True)
 T1 = dict(temperature=1.0, top_k=4)  # at most 16 outcomes: few bins, power at a small n
 
 
@@ -60,6 +60,10 @@ def test_statistics_match_an_enabled_call(toy_pair):
     assert via_folder is not via_enable
     for name in ("algorithm", "drafted_tokens", "accepted_tokens", "target_forwards", "new_tokens"):
         assert getattr(via_folder, name) == getattr(via_enable, name), name
+
+
+def test_folder_is_a_string_because_transformers_ignores_a_path():
+    assert isinstance(FOLDER, str)
 
 
 def test_without_a_drafter_it_is_plain_generate(toy_pair):

@@ -627,7 +627,7 @@ def _stage_with_custom_generate(folder: Path, staging: Path, repo_id: str) -> No
     from ..custom_generate import FOLDER
 
     shutil.copytree(folder, staging, dirs_exist_ok=True)
-    shutil.copytree(FOLDER / "custom_generate", staging / "custom_generate", dirs_exist_ok=True)
+    shutil.copytree(Path(FOLDER) / "custom_generate", staging / "custom_generate", dirs_exist_ok=True)
     card = ModelCard.load(staging / CARD_FILE)
     tags = list(card.data.tags or [])
     if "custom_generate" not in tags:  # the tag transformers' docs use to list decoding-method repositories

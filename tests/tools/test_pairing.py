@@ -316,7 +316,7 @@ def test_push_with_custom_generate_uploads_the_folder_in_the_same_commit(tmp_pat
     assert cli.main(["pairing", "push", str(folder), "me/qwen-smollm2", "--with-custom-generate"]) == 0
     assert [name for name, _ in RecordingHfApi.calls] == ["init", "create_repo", "upload_folder"]
     for name in ("generate.py", "requirements.txt"):
-        assert uploaded[f"custom_generate/{name}"] == (FOLDER / "custom_generate" / name).read_bytes()
+        assert uploaded[f"custom_generate/{name}"] == (Path(FOLDER) / "custom_generate" / name).read_bytes()
     assert b"hf_hetspec" in uploaded["custom_generate/requirements.txt"]
     card = huggingface_hub.ModelCard(uploaded["README.md"].decode())
     assert "custom_generate" in card.data.tags and 'custom_generate="me/qwen-smollm2"' in card.text
