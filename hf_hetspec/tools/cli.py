@@ -4,7 +4,7 @@
 
     hf-hetspec models [--fetch [NAME ...]] [--json]
     hf-hetspec generate --target T --drafter D [--algorithm A] [--compare] [--json] PROMPT
-    hf-hetspec demo [--quick] [--max-new-tokens N] [--dtype D] [--prompts N] [--json PATH]
+    hf-hetspec demo [--full] [--max-new-tokens N] [--dtype D] [--prompts N] [--json PATH]
     hf-hetspec verify --target T --drafter D --algorithm A [--temperature T --top-k K] PROMPT
     hf-hetspec bench [--quick] [--tasks ...] [--temperatures ...] [--out DIR] [--write-card DIR]
     hf-hetspec analyze TARGET DRAFTER [--json]
@@ -38,9 +38,10 @@ from ..plan import ALGORITHMS
 from ..stats import acceptance_rate
 from ..testing import verify_lossless
 from . import analyze, bench, pairing, zoo
-from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
-                     check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
-                     prompt_ids, quiet_transformers, set_threads)
+from .common import (DEMO_DEFAULT, DEMO_DRAFTER, DEMO_FULL, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS,
+                     CLIError, check_algorithm, check_model_argument, choose_threads, console,
+                     default_device, fetch_model, load_model, prompt_ids, quiet_transformers, set_threads)
+from .progress import Steps, status
 from .prompts import MissingHumanEval, demo_prompts
 from .runner import METHODS, MethodError, MethodRun, Runner, machine_info, method_label, summarize
 from .tasks import TaskError
@@ -228,9 +229,9 @@ def _speed(rows: list[dict], method: str) -> dict:
 
 
 def cmd_demo(args) -> int:
-    quick = args.quick
-    n_prompts = args.prompts if args.prompts is not None else (3 if quick else 8)
-    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else (48 if quick else 128)
+    size = DEMO_FULL if args.full else DEMO_DEFAULT
+    n_prompts = args.prompts if args.prompts is not None else size[0]
+    max_new_tokens = args.max_new_tokens if args.max_new_tokens is not None else size[1]
     if n_prompts < 1:
         raise CLIError(f"--prompts {n_prompts}: must be at least 1")
     if max_new_tokens < 1:
@@ -247,11 +248,10 @@ def cmd_demo(args) -> int:
         if name in zoo.MODELS:
             fetch_model(name)
 
-    set_threads(args.threads)
     device = args.device or default_device()
-    busy = busy_cpus_note(device, args.threads is not None)  # before loading, which is busy itself
+    threads_note = choose_threads(device, args.threads)  # before loading, which is busy itself
     out, err = console(), console(stderr=True)
-    with err.status(f"Loading {args.target} and {args.drafter} ({args.dtype}) ..."):
+    with status(err, f"Loading {args.target} and {args.drafter} ({args.dtype}) ..."):
         target, target_tok = load_model("--target", args.target, args.dtype, device)
         drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
     info = machine_info(device)
@@ -265,31 +265,27 @@ def cmd_demo(args) -> int:
         f"{len(prompts)} prompts",
         markup=False,
     )
-    if busy:
-        err.print(busy, markup=False)
+    if threads_note:
+        err.print(threads_note, markup=False)
     runner = Runner(
         target, target_tok, drafter, drafter_tok, algorithm=args.algorithm, max_new_tokens=max_new_tokens,
         lookahead=args.lookahead,
     )
-    with err.status("Warming up the three methods ..."):
+    with status(err, "Warming up the three methods ..."):
         warm = prompt_ids(target_tok, WARMUP_MESSAGE, chat_template=True)
         for method in METHODS:
             runner.run(method, warm, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     runs: dict[str, list[MethodRun]] = {m: [] for m in METHODS}
     records = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err) as progress:
-        task = progress.add_task("demo", total=len(prompts) * len(METHODS))
+    with Steps(err, total=len(prompts) * len(METHODS)) as steps:
         for prompt in prompts:
             ids = prompt_ids(target_tok, prompt.message, chat_template=True)
             by_method = {}
             for method in METHODS:
-                progress.update(task, description=f"{prompt.prompt_id}: {method_label(method, '')}")
-                by_method[method] = runner.run(method, ids)
-                progress.advance(task)
+                steps.start(f"{prompt.prompt_id}: {method_label(method, '')}")
+                run = by_method[method] = runner.run(method, ids)
+                steps.done(f"{run.new_tokens} tokens in {run.seconds:.1f} s")
             for method in ("transformers", "hf_hetspec"):
                 runner.compare(by_method["target"], by_method[method])
             for method, run in by_method.items():
@@ -407,13 +403,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="target alone vs transformers UAG vs hf_hetspec on HumanEval and text")
     _add_model_options(demo, required=False)
-    demo.add_argument("--quick", action="store_true",
-                      help="3 prompts, 48 new tokens (a few minutes on a 2-core CPU)")
+    demo.add_argument("--full", action="store_true",
+                      help=f"the longer comparison: {DEMO_FULL[0]} prompts, {DEMO_FULL[1]} new tokens (default "
+                      f"{DEMO_DEFAULT[0]} prompts, {DEMO_DEFAULT[1]} tokens: minutes on a 2-core CPU)")
+    demo.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)  # the default since it is quick
     demo.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                      help="default 128 (--quick: 48)")
+                      help=f"default {DEMO_DEFAULT[1]} (--full: {DEMO_FULL[1]})")
     demo.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="default bfloat16")
     demo.add_argument("--prompts", type=int, default=None, metavar="N",
-                      help="number of prompts, HumanEval and text interleaved (default 8, --quick: 3)")
+                      help="number of prompts, HumanEval and text interleaved "
+                      f"(default {DEMO_DEFAULT[0]}, --full: {DEMO_FULL[0]})")
     demo.add_argument("--json", default=None, metavar="PATH", help="write the per-prompt records to PATH")
     demo.set_defaults(func=cmd_demo)
 

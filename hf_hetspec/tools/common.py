@@ -17,6 +17,10 @@ from . import zoo
 DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEMO_DRAFTER = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+# `hf-hetspec demo` (prompts, new tokens): the default finishes in minutes on a busy 2-core CPU; --full is
+# the longer comparison
+DEMO_DEFAULT = (3, 32)
+DEMO_FULL = (8, 128)
 WARMUP_MESSAGE = "Write one short sentence about the sea."
 WARMUP_TOKENS = 4
 
@@ -134,6 +138,14 @@ def check_algorithm(algorithm: str) -> None:
         )
 
 
+def _free_cores() -> tuple[int, float, int]:
+    """``(free, load, cores)``: cores that other processes leave free (``cores - ceil(load)``, at least 1), the
+    1-minute load average (0 where the OS has none) and the core count."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return max(1, cores - math.ceil(load)), load, cores
+
+
 def busy_cpus_note(device: str, threads_given: bool) -> str:
     """A warning when other processes already keep the CPU busy (empty string otherwise).
 
@@ -141,16 +153,33 @@ def busy_cpus_note(device: str, threads_given: bool) -> str:
     2-core development machine, with one other busy process, the demo's models decoded 3-4x slower with
     2 threads than with 1.
     """
-    if device != "cpu" or not hasattr(os, "getloadavg"):
+    free, load, cores = _free_cores()
+    if device != "cpu" or load < 1.0:
         return ""
-    load = os.getloadavg()[0]
-    if load < 1.0:
-        return ""
-    cores = os.cpu_count() or 1
     note = f"note: load average {load:.1f} on {cores} cores: other jobs share the CPU, timings will be noisy"
     if threads_given:
         return note
-    return f"{note}; --threads {max(1, cores - math.ceil(load))} avoids threads waiting on each other"
+    return f"{note}; --threads {free} avoids threads waiting on each other"
+
+
+def choose_threads(device: str, threads: int | None) -> str:
+    """Set torch's CPU threads for a timed run; returns a line for the user (empty when there is nothing to say).
+
+    ``threads`` (``--threads``) wins. Otherwise, on a CPU that other processes keep busy (load average >= 1),
+    one thread per core they leave free: torch's threads synchronize at every operator, so a thread sharing
+    a core with another job stalls all the others (:func:`busy_cpus_note`), while fewer threads slow down
+    only in proportion. An idle CPU keeps torch's default (one thread per core).
+
+    Raises:
+        CLIError: ``threads`` < 1.
+    """
+    set_threads(threads)
+    note = busy_cpus_note(device, threads_given=True)
+    if not note or threads is not None:
+        return note
+    free = _free_cores()[0]
+    torch.set_num_threads(free)
+    return f"{note}; using {free} torch thread{'s' * (free > 1)} (--threads N to choose)"
 
 
 def set_threads(threads: int | None) -> None:

@@ -34,6 +34,7 @@ import math
 import os
 import shutil
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -577,7 +578,8 @@ def load(path_or_repo_id: str | os.PathLike, *, load_models: bool = True, dtype=
 # --------------------------------------------------------------------------------------------------------
 
 
-def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, private: bool = False) -> str:
+def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, private: bool = False,
+         with_custom_generate: bool = False) -> str:
     """Publish a pairing folder (its ``README.md`` and plots) as a Hub model repository.
 
     Uses ``huggingface_hub.HfApi``: ``create_repo(exist_ok=True)`` then ``upload_folder``. The card is read
@@ -588,6 +590,10 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         repo_id: ``owner/name`` on the Hub.
         token: a Hub token; default: the logged-in one (``hf auth login``) or ``$HF_TOKEN``.
         private: create the repository as private.
+        with_custom_generate: also upload hf_hetspec's ``custom_generate/`` folder
+            (:data:`hf_hetspec.custom_generate.FOLDER`), tag the card ``custom_generate`` and add its usage, so
+            the published pairing runs with plain transformers: ``generate(..., custom_generate=repo_id,
+            trust_remote_code=True, ...)``. The card's settings are unchanged (they never select it).
 
     Returns:
         The URL of the upload's commit.
@@ -605,9 +611,40 @@ def push(folder: str | os.PathLike, repo_id: str, *, token: str | None = None, p
         raise PairingError(f"repo_id {repo_id!r}: use owner/name, e.g. my-user/qwen2.5-coder-smollm2-pairing")
     api = HfApi(token=token)
     api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    info = api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model",
-                             commit_message="hf_hetspec pairing card")
+    if not with_custom_generate:
+        info = api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model",
+                                 commit_message="hf_hetspec pairing card")
+        return str(getattr(info, "commit_url", info))
+    with tempfile.TemporaryDirectory() as staging:  # one commit: the card and the folder together
+        _stage_with_custom_generate(folder, Path(staging), repo_id)
+        info = api.upload_folder(repo_id=repo_id, folder_path=Path(staging), repo_type="model",
+                                 commit_message="hf_hetspec pairing card with its custom_generate folder")
     return str(getattr(info, "commit_url", info))
+
+
+def _stage_with_custom_generate(folder: Path, staging: Path, repo_id: str) -> None:
+    """Copy the card folder and ``custom_generate/`` into ``staging``; tag the card and add the usage."""
+    from ..custom_generate import FOLDER
+
+    shutil.copytree(folder, staging, dirs_exist_ok=True)
+    shutil.copytree(Path(FOLDER) / "custom_generate", staging / "custom_generate", dirs_exist_ok=True)
+    card = ModelCard.load(staging / CARD_FILE)
+    tags = list(card.data.tags or [])
+    if "custom_generate" not in tags:  # the tag transformers' docs use to list decoding-method repositories
+        card.data.tags = tags + ["custom_generate"]
+    card.text += f"""
+## Use with plain transformers (`custom_generate`)
+
+This repository also holds hf_hetspec's `custom_generate/` folder: with `pip install hf_hetspec`, a model that
+was never enabled runs the pairing through transformers' own `custom_generate` channel (same outputs,
+statistics in `hf_hetspec.last_stats(target)`):
+
+```python
+out = target.generate(ids, custom_generate="{repo_id}", trust_remote_code=True, assistant_model=drafter,
+                      tokenizer=target_tokenizer, assistant_tokenizer=drafter_tokenizer, max_new_tokens=128)
+```
+"""
+    card.save(staging / CARD_FILE)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -651,7 +688,8 @@ def cmd_show(args) -> int:
 def cmd_push(args) -> int:
     """``hf-hetspec pairing push``: :func:`push`."""
     try:
-        url = push(args.folder, args.repo_id, token=args.token, private=args.private)
+        url = push(args.folder, args.repo_id, token=args.token, private=args.private,
+                   with_custom_generate=args.with_custom_generate)
     except PairingError as err:
         raise CLIError(str(err)) from err
     except Exception as err:  # network and authorization errors of huggingface_hub: one line, exit 1
@@ -676,4 +714,7 @@ def add_command(sub) -> None:
     pub.add_argument("repo_id", metavar="REPO_ID", help="owner/name")
     pub.add_argument("--private", action="store_true", help="create the repository as private")
     pub.add_argument("--token", default=None, help="Hub token (default: the logged-in one or $HF_TOKEN)")
+    pub.add_argument("--with-custom-generate", action="store_true",
+                     help="also upload hf_hetspec's custom_generate/ folder, so the pairing runs with plain "
+                     "transformers: generate(custom_generate=REPO_ID, trust_remote_code=True, ...)")
     pub.set_defaults(func=cmd_push)

