@@ -8,7 +8,6 @@ import importlib.metadata
 import shutil
 
 import pytest
-import torch
 
 import hf_hetspec
 from hf_hetspec.custom_generate import FOLDER
