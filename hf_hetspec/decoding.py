@@ -73,8 +73,8 @@ def speculative_generate(
         stats: filled in place.
         streamer: receives only accepted tokens, one block per target forward.
         generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
-        past_key_values: the target's (empty) KV cache prepared by ``generate()``; a ``DynamicCache`` is
-            made when ``generate()`` did not prepare one.
+        past_key_values: the target's KV cache: the one passed to ``generate()`` (empty, or holding part or
+            all of the prompt), or prepared by it; a ``DynamicCache`` is made when there is none.
         position_ids (``torch.LongTensor`` of shape ``(1, n)``, optional): the prompt's position ids as the
             user passed them to ``generate()``; generated tokens continue from the last one, as in
             transformers' own decoding. They are the target's: the drafter numbers its own tokens.
@@ -87,6 +87,9 @@ def speculative_generate(
     cache = past_key_values if past_key_values is not None else DynamicCache(config=target.config)
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
+    # A cache passed to generate() may hold the whole prompt (a prefix cache re-used for this prompt): the
+    # prompt's last position is then recomputed, because its logits give the first new token.
+    rollback_cache(cache, input_ids.shape[1] - 1)
     device = model_device(target)
     do_sample = bool(generation_config.do_sample)
     want_scores = generation_config.return_dict_in_generate and generation_config.output_scores

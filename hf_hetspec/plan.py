@@ -3,7 +3,8 @@
 The plan is made by small named steps, each the one source of its rule:
 
 1. :func:`check_call` -- the models, tokenizers, prompt, mask, positions and hf_hetspec's own keywords;
-2. :func:`check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams, caches, ...);
+2. :func:`check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams, caches, ...), and
+   :func:`hf_hetspec.inputs.check_generate_inputs` -- every other argument, honoured or refused;
 3. :func:`choose_algorithm` -- what ``hetspec_algorithm="auto"`` resolves to, and why (``hf-hetspec analyze``
    and the pairing cards recommend through the same function);
 4. :func:`choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence stop);
@@ -25,6 +26,7 @@ from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWa
 
 from .alignment import Vocabulary, vocabulary
 from .drafter import DraftStop, model_device
+from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import HeterogeneousProposer
 from .slem import SLEMProposer
@@ -49,7 +51,8 @@ SLEM_MAX_LOOKAHEAD = 12
 DEFAULT_MIN_JOINT = 0.35
 #: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
 MIN_TLI_SHARE = 0.01
-_STATIC_CACHES = ("static", "hybrid", "sliding_window", "offloaded_static")
+#: The only ``cache_implementation`` values whose cache can be rolled back after a rejection.
+_DYNAMIC_CACHES = (None, "dynamic")
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,8 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
 
 def _check_prompt(inputs, model_kwargs: dict) -> None:
     if inputs is None:
-        raise ValueError("no prompt: pass the prompt's token ids as `input_ids` (shape (1, n), n >= 1).")
+        raise ValueError("no prompt: pass the prompt's token ids as `input_ids` (shape (1, n), n >= 1); hf_hetspec "
+                         "drafts from token ids and does not take `inputs_embeds`.")
     if not torch.is_tensor(inputs) or inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
         raise ValueError("`input_ids` must be an integer tensor of shape (batch, sequence_length).")
     if inputs.shape[0] != 1:
@@ -283,7 +287,7 @@ def check_generation_config(config: GenerationConfig) -> None:
         raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
     if config.use_cache is False:
         raise ValueError("use_cache=False: speculative decoding needs the target's KV cache; drop use_cache=False.")
-    if config.cache_implementation in _STATIC_CACHES:
+    if config.cache_implementation not in _DYNAMIC_CACHES:
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r}: hf_hetspec rolls the cache back after "
             "rejections and needs the dynamic cache; drop cache_implementation."
@@ -436,6 +440,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     user_config = call.get("generation_config")
     config, rest = target._prepare_generation_config(user_config, **model_kwargs)
     check_generation_config(config)
+    check_generate_inputs(call, config, rest)
 
     target_table, drafter_table = vocabulary(target_tokenizer), vocabulary(drafter_tokenizer)
     identical = target_table.same_as(drafter_table)
