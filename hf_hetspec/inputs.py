@@ -158,7 +158,8 @@ def _check_decoding_options(call: dict) -> None:
     if call.get("custom_generate") is not None:
         raise ValueError(
             "`custom_generate` with `assistant_model`: hf_hetspec is itself the decoding method of this call and "
-            "would replace yours. Drop `custom_generate`, or call generate() without `assistant_model`."
+            "would replace yours. Drop `custom_generate`, or call generate() without `assistant_model` (or call "
+            "hf_hetspec.disable(model) first to use it without hf_hetspec)."
         )
     if call.get("synced_gpus"):
         raise NotImplementedError(

@@ -171,7 +171,6 @@ def _generate(self, *args, **kwargs):
             )
         return original(self, **call, **extra)
 
-    _refuse_custom_generate(call.get("custom_generate"))
     plan = make_plan(self, call, extra, hetspec)
     stats = DecodingStats(algorithm=plan.algorithm, note=plan.note)
     _LAST_STATS[self] = stats
@@ -188,18 +187,3 @@ def _generate(self, *args, **kwargs):
     with torch.no_grad():
         return original(self, **call, **plan.model_kwargs)
 
-
-def _refuse_custom_generate(value) -> None:
-    """Refuse ``custom_generate=`` on a hf_hetspec call: the call runs hf_hetspec's own decoding loop, so another
-    decoding method would be dropped silently (hf_hetspec's ``custom_generate`` folder is the same code path
-    and is not needed on an enabled model).
-
-    Raises:
-        ValueError: ``value`` is not ``None``.
-    """
-    if value is not None:
-        raise ValueError(
-            f"custom_generate={value!r} with assistant_model= on a model where hf_hetspec is enabled: hf_hetspec "
-            "decodes this call itself and cannot run another decoding method; drop custom_generate= (or call "
-            "hf_hetspec.disable(model) first to use it without hf_hetspec)."
-        )
