@@ -170,8 +170,8 @@ def model_reference(reference: str, card_folder: Path | None) -> str:
     if Path(reference).is_absolute() or reference.startswith("~") or ".." in parts or "\\" in reference:
         raise PairingError(f"model reference {reference!r} points outside the card's folder; {fix}")
     if card_folder is not None and os.path.lexists(card_folder / reference):
-        root = card_folder.resolve()
-        path = (card_folder / reference).resolve()
+        root = _resolved(card_folder, reference)
+        path = _resolved(card_folder / reference, reference)
         if not path.is_relative_to(root):
             raise PairingError(f"model reference {reference!r} is a symlink leaving the card's folder; {fix}")
         if not path.is_dir():
@@ -190,12 +190,19 @@ def model_reference(reference: str, card_folder: Path | None) -> str:
     return reference
 
 
+def _resolved(path: Path, reference: str) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as err:  # a symlink loop (RuntimeError before Python 3.13)
+        raise PairingError(f"model reference {reference!r}: {path} cannot be resolved ({err})") from err
+
+
 def _refuse_links_leaving(folder: Path, root: Path, reference: str) -> None:
     """Refuse a symlink anywhere under ``folder`` whose target is outside ``root`` (e.g. a ``config.json``
     pointing at another user file)."""
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in dirnames + filenames:
             entry = Path(dirpath) / name
-            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+            if entry.is_symlink() and not _resolved(entry, reference).is_relative_to(root):
                 raise PairingError(f"model reference {reference!r}: {entry.relative_to(root)} is a symlink leaving "
                                    "the card's folder; copy the file into the folder instead")

@@ -182,6 +182,17 @@ def test_symlinks_leaving_the_card_folder_are_refused(tmp_path, loads, outside):
     assert loads == [VALID["target"], str((card / "models" / "drafter").resolve())]
 
 
+def test_a_symlink_loop_is_a_pairing_error(tmp_path, loads):
+    card = tmp_path / "card"
+    write(card, dict(VALID, drafter="models/drafter"))
+    (card / "models" / "drafter").mkdir(parents=True)
+    (card / "models" / "drafter" / "a").symlink_to(card / "models" / "drafter" / "b")
+    (card / "models" / "drafter" / "b").symlink_to(card / "models" / "drafter" / "a")
+    with pytest.raises(PairingError, match="cannot be resolved|symlink leaving"):
+        pairing.load(card)
+    assert loads == []
+
+
 def test_a_hub_id_shadowed_by_a_local_folder_is_refused(tmp_path, loads, monkeypatch):
     write(tmp_path / "card", VALID)
     monkeypatch.chdir(tmp_path)
