@@ -244,3 +244,29 @@ def test_check_settings_allows_exactly_the_documented_keys():
     assert card_policy.check_settings(ok) == ok
     with pytest.raises(PairingError, match="may not set 'generator'"):
         card_policy.check_settings({"generator": torch.Generator()})
+
+
+def test_a_model_folder_with_its_own_code_is_never_run(tmp_path, monkeypatch):
+    """A card's model folder whose config points at its own Python files (``auto_map``): transformers is told
+    ``trust_remote_code=False`` (left unset, it would ask on a terminal), so the files are never imported."""
+    import json
+    import sys
+
+    from hf_hetspec.testing import toy
+
+    card, marker = tmp_path / "card", tmp_path / "ran"
+    folder = card / "models" / "evil"
+    folder.mkdir(parents=True)
+    toy.byte_level_bpe_tokenizer().save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "evil-model", "auto_map": {"AutoConfig": "configuration_evil.EvilConfig",
+                                                 "AutoModelForCausalLM": "modeling_evil.EvilModel"}}))
+    for name in ("configuration_evil.py", "modeling_evil.py"):
+        (folder / name).write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+    write(card, dict(VALID, target="models/evil"))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)  # where transformers would prompt
+    monkeypatch.setattr("builtins.input", lambda *args: "y")  # and a user who says yes
+    with pytest.raises(Exception) as err:
+        pairing.load(card)
+    assert not marker.exists(), f"the card's code ran ({err.value!r})"
+    assert "trust_remote_code" in str(err.value)
