@@ -183,16 +183,20 @@ _VOCABS: "weakref.WeakKeyDictionary[PreTrainedTokenizerBase, Vocabulary]" = weak
 
 
 def vocabulary(tokenizer: PreTrainedTokenizerBase) -> Vocabulary:
-    """The byte table of ``tokenizer``, read once per tokenizer object (:meth:`Vocabulary.from_tokenizer`)."""
+    """The byte table of ``tokenizer``, read once per tokenizer object (:meth:`Vocabulary.from_tokenizer`).
+
+    The cached table (and its padded copies) holds the tokenizer through a ``weakref.proxy``, so the cache
+    never keeps a tokenizer or its table alive: both are freed when the caller drops the tokenizer. Keep the
+    tokenizer while using the table. A tokenizer that cannot be weakly referenced gets a fresh, uncached table.
+    """
     try:
         return _VOCABS[tokenizer]
-    except (KeyError, TypeError):
-        vocab = Vocabulary.from_tokenizer(tokenizer)
-        try:
-            _VOCABS[tokenizer] = vocab
-        except TypeError:
-            pass
+    except KeyError:
+        vocab = Vocabulary.from_tokenizer(weakref.proxy(tokenizer))
+        _VOCABS[tokenizer] = vocab
         return vocab
+    except TypeError:
+        return Vocabulary.from_tokenizer(tokenizer)
 
 
 def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:

@@ -23,6 +23,7 @@ Without ``assistant_model`` the call goes to transformers unchanged. Supported: 
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import types
 import weakref
@@ -33,13 +34,16 @@ from transformers.generation.utils import GenerationMixin
 
 from .compat import cache_from_kwargs
 from .decoding import speculative_generate
+from .model_checks import check_drafter_weights
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
 from .stats import DecodingStats
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
-_LAST_STATS: "weakref.WeakKeyDictionary[PreTrainedModel, DecodingStats]" = weakref.WeakKeyDictionary()
+# Statistics per thread and per model: two threads generating on one target each read their own call's.
+_THREAD = threading.local()
 _MARK = "_hf_hetspec_enabled"
 _SAVED = "_hf_hetspec_saved_generate"
+_REDUCE = "__reduce_ex__"
 
 
 def enable(model: PreTrainedModel) -> PreTrainedModel:
@@ -47,8 +51,10 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 
     After this, ``model.generate(..., assistant_model=drafter, tokenizer=target_tokenizer,
     assistant_tokenizer=drafter_tokenizer, hetspec_algorithm="slem")`` runs heterogeneous-vocabulary
-    speculative decoding. Only the instance gets a ``generate`` attribute; weights, configs and the
-    generation config are not touched.
+    speculative decoding. Only the instance gets a ``generate`` attribute (and a ``__reduce_ex__``, so that
+    ``pickle``, ``torch.save`` and ``copy`` give an enabled copy bound to itself); weights, configs and the
+    generation config are not touched. A ``generate`` already on the instance (another library's wrapper) is
+    kept and called through.
 
     ``generate()`` keyword arguments added by hf_hetspec (all need ``assistant_model=``):
 
@@ -78,8 +84,35 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
     if model.__dict__.get(_MARK):
         return model
     model.__dict__[_SAVED] = model.__dict__.get("generate")
+    _install(model)
+    return model
+
+
+def _install(model) -> None:
+    """Put hf_hetspec's ``generate`` and pickling hook on ``model``'s instance dict (bound to ``model``)."""
     model.__dict__["generate"] = types.MethodType(_generate, model)
+    model.__dict__[_REDUCE] = types.MethodType(_reduce_enabled, model)
     model.__dict__[_MARK] = True
+
+
+def _reduce_enabled(model, protocol: int):
+    """``__reduce_ex__`` of an enabled model (``pickle``, ``torch.save``, ``copy.copy``, ``copy.deepcopy``).
+
+    The model is reduced as its class would reduce it, minus the bound methods hf_hetspec installed (a bound
+    method pickles by name and would point at the original); the copy is enabled again as it is created, so
+    its ``generate`` is bound to the copy. A ``generate`` that was on the instance before :func:`enable`
+    travels in the state as before.
+    """
+    create, args, state, *rest = type(model).__reduce_ex__(model, protocol)
+    if isinstance(state, dict):
+        state = {k: v for k, v in state.items() if k not in ("generate", _REDUCE, _MARK)}
+    return (_create_enabled, (create, args), state, *rest)
+
+
+def _create_enabled(create, args):
+    """Create the object as its class's reduction would, then enable it (state is set afterwards)."""
+    model = create(*args)
+    _install(model)
     return model
 
 
@@ -92,6 +125,7 @@ def disable(model: PreTrainedModel) -> PreTrainedModel:
         model.__dict__.pop("generate", None)
     else:
         model.__dict__["generate"] = saved
+    model.__dict__.pop(_REDUCE, None)
     del model.__dict__[_MARK]
     return model
 
@@ -102,8 +136,16 @@ def is_enabled(model: PreTrainedModel) -> bool:
 
 
 def last_stats(model: PreTrainedModel) -> DecodingStats | None:
-    """Statistics of the last hf_hetspec ``generate()`` call on ``model`` (``None`` before the first)."""
-    return _LAST_STATS.get(model)
+    """Statistics of the last hf_hetspec ``generate()`` call on ``model`` *in the calling thread* (``None``
+    before the first). Two threads generating on the same target each get their own call's statistics."""
+    return _stats_by_model().get(model)
+
+
+def _stats_by_model() -> "weakref.WeakKeyDictionary[PreTrainedModel, DecodingStats]":
+    """This thread's ``{model: statistics of its last call}`` (weak keys: a dropped model is not kept)."""
+    if not hasattr(_THREAD, "last_stats"):
+        _THREAD.last_stats = weakref.WeakKeyDictionary()
+    return _THREAD.last_stats
 
 
 class _HetSpecDecoding:
@@ -162,18 +204,20 @@ def _generate(self, *args, **kwargs):
     call.pop("self")
     extra = call.pop("kwargs", {})
     hetspec, given = HetspecArguments.pop_from(extra)
-    original = type(self).generate
+    # a generate another library put on the instance before enable() is called through, not bypassed
+    original = self.__dict__.get(_SAVED) or types.MethodType(type(self).generate, self)
     if call.get("assistant_model") is None:
         if given:
             raise ValueError(
                 f"`{'`/`'.join(HetspecArguments.KEYWORDS)}` were given without `assistant_model`: pass the "
                 "drafter as `assistant_model=` (or drop these arguments for plain decoding)."
             )
-        return original(self, **call, **extra)
+        return original(**call, **extra)
 
     plan = make_plan(self, call, extra, hetspec)
+    check_drafter_weights(call["assistant_model"])
     stats = DecodingStats(algorithm=plan.algorithm, note=plan.note)
-    _LAST_STATS[self] = stats
+    _stats_by_model()[self] = stats
     if plan.stop_strings:
         # transformers drops `tokenizer` for custom_generate callables, so it cannot build this criterion
         criteria = StoppingCriteriaList(call.get("stopping_criteria") or [])
@@ -185,5 +229,4 @@ def _generate(self, *args, **kwargs):
     call["generation_config"] = plan.generation_config
     call["custom_generate"] = _HetSpecDecoding(plan, drafter, stats, hetspec.generator, streamer)
     with torch.no_grad():
-        return original(self, **call, **plan.model_kwargs)
-
+        return original(**call, **plan.model_kwargs)

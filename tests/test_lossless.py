@@ -335,6 +335,38 @@ def test_other_algorithms_are_lossless(request, algorithm, pair_name):
         assert report.acceptance_rate > 0
 
 
+@pytest.mark.parametrize("draft_temperature", [0.0, 0.5])
+def test_verify_lossless_keeps_hetspec_keywords_out_of_the_reference(toy_pair, draft_temperature):
+    """Issue #15: ``hetspec_draft_temperature`` used to reach the exact target distribution and fail there."""
+    ids = _ids(toy_pair, TOY_PROMPT["toy_pair"])
+    report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
+                             toy_pair.drafter_tokenizer, ids, "tli", n=300, seed=0, alpha=ALPHA,
+                             hetspec_draft_temperature=draft_temperature, **T1)
+    _assert_passes(report)
+    assert report.acceptance_rate > 0
+    with pytest.raises(ValueError, match="hetspec_draft_temperature"):  # it does reach the sampler
+        verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer, toy_pair.drafter_tokenizer,
+                        ids, "tli", n=10, hetspec_draft_temperature=-1.0, **T1)
+
+
+def test_verify_lossless_with_a_draft_temperature_rejects_a_broken_verifier(toy_pair, monkeypatch):
+    monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
+    report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
+                             toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=500,
+                             seed=0, alpha=ALPHA, hetspec_draft_temperature=0.0, **T1)
+    _assert_rejected(report)
+
+
+def test_harness_refuses_hetspec_keywords_where_they_do_not_belong(toy_pair):
+    ids = _ids(toy_pair, TOY_PROMPT["toy_pair"])
+    with pytest.raises(ValueError, match="`hetspec_draft_temperature` is an hf_hetspec keyword"):
+        exact_target_distribution(toy_pair.target, ids, 2, hetspec_draft_temperature=0.0, **T1)
+    for name, fix in (("hetspec_algorithm", "algorithm="), ("hetspec_generator", "seed=")):
+        with pytest.raises(ValueError, match=f"pass {fix} instead of {name}="):
+            verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
+                            toy_pair.drafter_tokenizer, ids, "tli", n=10, **{name: None}, **T1)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Power: deliberately broken variants are rejected
 # ---------------------------------------------------------------------------------------------------

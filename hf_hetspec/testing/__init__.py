@@ -71,6 +71,8 @@ from typing import Callable, Mapping
 import torch
 from transformers import StoppingCriteriaList, StopStringCriteria
 
+from ..plan import HetspecArguments
+
 __all__ = [
     "LosslessnessReport",
     "check_lossless",
@@ -194,6 +196,10 @@ def exact_target_distribution(
         raise ValueError("input_ids must be a tensor of shape (1, n) with n >= 1 (one unpadded prompt).")
     if num_tokens < 1:
         raise ValueError(f"num_tokens={num_tokens}: enumerate at least one token.")
+    for name in HetspecArguments.KEYWORDS:
+        if name in generation_kwargs:
+            raise ValueError(f"exact_target_distribution: `{name}` is an hf_hetspec keyword; the target alone "
+                             "does not take it (give it to the hf_hetspec sampler only, as verify_lossless does).")
     for name, why in _FORBIDDEN.items():
         if name in generation_kwargs and not (name == "do_sample" and generation_kwargs[name] is True):
             if name in ("num_beams", "num_return_sequences") and generation_kwargs[name] in (None, 1):
@@ -672,13 +678,23 @@ def verify_lossless(
         algorithm: ``hetspec_algorithm``.
         n, seed, num_tokens, alpha: sample size, seed, outcome length, significance level.
         **generation_kwargs: the sampling setting; must limit the support (``top_k <= 8`` or ``top_p < 1``).
+            hf_hetspec's own keywords (``hetspec_draft_temperature``, ``assistant_input_ids``) go to the
+            sampler only, never to the target's exact distribution.
 
     Returns:
         :class:`LosslessnessReport` with ``acceptance_rate`` of the drafts (0 means no draft was ever
         accepted: the acceptance paths were not exercised -- choose a prompt the drafter predicts well).
+
+    Raises:
+        ValueError: ``hetspec_algorithm`` or ``hetspec_generator`` in ``generation_kwargs`` (pass
+            ``algorithm=`` and ``seed=``); see also :func:`exact_target_distribution`.
     """
+    for name, fix in (("hetspec_algorithm", "algorithm="), ("hetspec_generator", "seed=")):
+        if name in generation_kwargs:
+            raise ValueError(f"verify_lossless: pass {fix} instead of {name}= (the sampler sets {name} itself).")
+    reference_kwargs = {k: v for k, v in generation_kwargs.items() if k not in HetspecArguments.KEYWORDS}
     expected = exact_target_distribution(target, prompt_ids, num_tokens, tokenizer=target_tokenizer,
-                                         **generation_kwargs)
+                                         **reference_kwargs)
     sampler = hetspec_sampler(target, drafter, target_tokenizer, drafter_tokenizer, prompt_ids, algorithm,
                               num_tokens, **generation_kwargs)
     counts = sample_outcomes(sampler, n, seed)

@@ -24,7 +24,8 @@ command that reproduces the numbers, how to use the pairing with hf_hetspec, and
 settings.
 
 :func:`load` reads a card from a folder or a Hub repository (only ``README.md`` is downloaded; no code from
-the Hub is executed; models load with :func:`hf_hetspec.tools.zoo.load`, which never trusts remote code).
+the Hub is executed; models load with :func:`hf_hetspec.tools.zoo.load`, which never trusts remote code). What a
+card may set, and where its models may come from, is :mod:`hf_hetspec.tools.card_policy` (its threat model).
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ from huggingface_hub import ModelCard, ModelCardData
 from .. import __version__
 from ..plan import DEFAULT_LOOKAHEAD
 from . import zoo
+from .card_policy import FORMAT, PairingError, check_metadata, check_settings, model_reference
 from .common import CLIError, console
 from .runner import METHOD_LABELS, method_label
 
 CARD_KEY = "hf_hetspec"
-FORMAT = 1
 CARD_FILE = "README.md"
 TAGS = ["speculative-decoding", "assisted-generation", "heterogeneous-vocabularies", "hf_hetspec"]
 _METHOD_ORDER = {name: i for i, name in enumerate(METHOD_LABELS)}
@@ -60,10 +61,6 @@ PLOT_CAPTIONS = {
 }
 
 
-class PairingError(ValueError):
-    """A card that cannot be written, read or published: the message names the problem and the fix."""
-
-
 # --------------------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------------------
@@ -73,6 +70,15 @@ def hub_id(name: str) -> str:
     """The Hub id of a zoo name (``hf_hetspec.tools.zoo.MODELS[name].hub_id``); any other name unchanged."""
     entry = zoo.MODELS.get(name)
     return entry.hub_id if entry is not None else name
+
+
+def _card_reference(name: str, out_dir: Path) -> str:
+    """A model folder inside the card's folder as a path relative to it (what :func:`load` accepts); any other
+    name unchanged (a local folder elsewhere is written as given, and :func:`load` refuses it)."""
+    path = Path(name).expanduser()
+    if path.is_dir() and path.resolve().is_relative_to(Path(out_dir).expanduser().resolve()):
+        return path.resolve().relative_to(Path(out_dir).expanduser().resolve()).as_posix()
+    return name
 
 
 def _geometric_mean(values: list[float]) -> float:
@@ -301,7 +307,7 @@ def write_card(result: dict, out_dir: Path, plots: dict[str, Path] | None = None
         if not Path(path).is_file():
             raise PairingError(f"plots[{caption!r}]: {path} is not a file")
     config, machine = result["config"], result.get("machine", {})
-    target, drafter = hub_id(config["target"]), hub_id(config["drafter"])
+    target, drafter = (_card_reference(hub_id(config[key]), out_dir) for key in ("target", "drafter"))
     recommended = recommended_settings(result)
     first = recommended[0]
     metadata = {
@@ -456,13 +462,17 @@ class Pairing:
     def generate_kwargs(self, temperature: float | None = None) -> dict:
         """:meth:`settings_for` plus ``assistant_model``, ``tokenizer`` and ``assistant_tokenizer``.
 
+        The settings are checked against the allow-list again (:func:`hf_hetspec.tools.card_policy.check_settings`)
+        and the models are set last, so nothing from the card can replace them or add other arguments.
+
         Raises:
-            PairingError: the pairing was loaded with ``load_models=False``.
+            PairingError: the pairing was loaded with ``load_models=False``, or settings outside the allow-list.
         """
         if self.drafter is None or self.target_tokenizer is None:
             raise PairingError("this pairing was loaded with load_models=False; load it with load_models=True")
-        return {"assistant_model": self.drafter, "tokenizer": self.target_tokenizer,
-                "assistant_tokenizer": self.drafter_tokenizer, **self.settings_for(temperature)}
+        settings = check_settings(self.settings_for(temperature))
+        return {**settings, "assistant_model": self.drafter, "tokenizer": self.target_tokenizer,
+                "assistant_tokenizer": self.drafter_tokenizer}
 
 
 def _hub_offline() -> bool:
@@ -487,8 +497,9 @@ def _hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
         return False
 
 
-def _card_file(path_or_repo_id: str | os.PathLike) -> Path:
-    """The local ``README.md`` of a folder, a card file, or a Hub repository (downloaded: that file only)."""
+def _card_file(path_or_repo_id: str | os.PathLike) -> tuple[Path, bool]:
+    """The local ``README.md`` of a folder, a card file, or a Hub repository (downloaded: that file only), and
+    whether it came from a local folder (its model references may then name folders inside it)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -503,13 +514,13 @@ def _card_file(path_or_repo_id: str | os.PathLike) -> Path:
         if not (path / CARD_FILE).is_file():
             raise PairingError(f"{name}: the folder has no {CARD_FILE}; write one with hf_hetspec.tools.pairing.write_card "
                                "(or `hf-hetspec bench --write-card`)")
-        return path / CARD_FILE
+        return path / CARD_FILE, True
     if path.is_file():
-        return path
+        return path, True
     if name.startswith(("/", ".", "~")) or name.count("/") != 1 or not all(name.split("/")):
         raise PairingError(f"{name!r} is neither a folder nor a Hub repository id (owner/name)")
     try:
-        return Path(hf_hub_download(name, CARD_FILE, local_files_only=True))
+        return Path(hf_hub_download(name, CARD_FILE, local_files_only=True)), False
     except (LocalEntryNotFoundError, EntryNotFoundError, FileNotFoundError):
         pass
     except ValueError as err:  # huggingface_hub's HFValidationError: characters a repository id cannot hold
@@ -520,7 +531,7 @@ def _card_file(path_or_repo_id: str | os.PathLike) -> Path:
         raise PairingError(f"{name}: not in the Hugging Face cache and the Hub is unreachable from this machine; "
                            "pass a local folder (e.g. one from `hf-hetspec bench --write-card`)")
     try:
-        return Path(hf_hub_download(name, CARD_FILE, etag_timeout=HUB_PROBE_SECONDS))
+        return Path(hf_hub_download(name, CARD_FILE, etag_timeout=HUB_PROBE_SECONDS)), False
     except (RepositoryNotFoundError, EntryNotFoundError) as err:
         raise PairingError(f"{name}: no such repository or it has no {CARD_FILE} ({type(err).__name__})") from err
     except (HfHubHTTPError, OSError) as err:
@@ -532,20 +543,27 @@ def read_card(path_or_repo_id: str | os.PathLike) -> tuple[ModelCard, dict]:
     """The model card and its ``hf_hetspec`` metadata, from a folder, a ``README.md`` or a Hub repository.
 
     Raises:
-        PairingError: no card, or a card without valid ``hf_hetspec`` metadata.
+        PairingError: no card, or a card without valid ``hf_hetspec`` metadata (types, format version and the
+            settings allow-list: :func:`hf_hetspec.tools.card_policy.check_metadata`).
     """
-    path = _card_file(path_or_repo_id)
-    card = ModelCard.load(path)
-    metadata = card.data.to_dict().get(CARD_KEY)
-    if not isinstance(metadata, dict):
-        raise PairingError(f"{path}: the card has no {CARD_KEY!r} metadata; it is not an hf_hetspec pairing card")
-    for key in ("target", "drafter", "settings"):
-        if not metadata.get(key):
-            raise PairingError(f"{path}: {CARD_KEY}.{key} is missing from the card's metadata")
-    if metadata.get("format", FORMAT) > FORMAT:
-        raise PairingError(f"{path}: card format {metadata['format']} is newer than this hf_hetspec reads "
-                           f"({FORMAT}); upgrade hf_hetspec")
+    card, metadata, _ = _read(path_or_repo_id)
     return card, metadata
+
+
+def _read(path_or_repo_id: str | os.PathLike) -> tuple[ModelCard, dict, Path | None]:
+    """:func:`read_card` plus the card's local folder (``None`` for a card from the Hub)."""
+    path, local = _card_file(path_or_repo_id)
+    import yaml
+
+    try:
+        card = ModelCard.load(path)
+    except (ValueError, yaml.YAMLError) as err:  # YAML that does not parse, or not a mapping
+        raise PairingError(f"{path}: not a readable model card ({type(err).__name__}: {err})") from err
+    metadata = card.data.to_dict().get(CARD_KEY)
+    if metadata is None:
+        raise PairingError(f"{path}: the card has no {CARD_KEY!r} metadata; it is not an hf_hetspec pairing card")
+    check_metadata(metadata, f"{path}: {CARD_KEY}")
+    return card, metadata, path.parent if local else None
 
 
 def load(path_or_repo_id: str | os.PathLike, *, load_models: bool = True, dtype=None, device=None) -> Pairing:
@@ -562,14 +580,17 @@ def load(path_or_repo_id: str | os.PathLike, *, load_models: bool = True, dtype=
         :class:`Pairing`.
 
     Raises:
-        PairingError: no card, a card without ``hf_hetspec`` metadata, or an unreachable Hub.
+        PairingError: no card, a malformed card, settings outside the allow-list, a model reference outside
+            the card's folder (:mod:`hf_hetspec.tools.card_policy`), or an unreachable Hub; all before any
+            model loads.
         hf_hetspec.tools.zoo.ZooError: a model that cannot be loaded.
     """
-    card, metadata = read_card(path_or_repo_id)
+    card, metadata, folder = _read(path_or_repo_id)
+    references = [model_reference(metadata[key], folder) for key in ("target", "drafter")]
     target = drafter = target_tok = drafter_tok = None
     if load_models:
-        target, target_tok = zoo.load(metadata["target"], dtype=dtype, device=device)
-        drafter, drafter_tok = zoo.load(metadata["drafter"], dtype=dtype, device=device)
+        target, target_tok = zoo.load(references[0], dtype=dtype, device=device)
+        drafter, drafter_tok = zoo.load(references[1], dtype=dtype, device=device)
     return Pairing(target, drafter, target_tok, drafter_tok, dict(metadata["settings"]), card, metadata)
 
 

@@ -619,8 +619,9 @@ def _resolve_dtype(dtype, device: torch.device):
 def _from_pretrained(source: str | Path, dtype, device: torch.device, **kwargs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    # explicitly off: left unset, transformers asks on a terminal whether to run a repository's own code
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
     return model.to(device).eval(), tokenizer
 
 

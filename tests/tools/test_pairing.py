@@ -4,6 +4,7 @@ used to generate, and published through a recorded ``HfApi``. The numbers in the
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -177,11 +178,12 @@ def model_folders(tmp_path_factory):
 
 
 def test_loaded_pairing_generates_the_target_alone_output(tmp_path, model_folders):
-    result = bench_result(target=str(model_folders / "target"), drafter=str(model_folders / "drafter"))
     folder = tmp_path / "card"
+    shutil.copytree(model_folders, folder / "models")  # a card may only name folders inside its own folder
+    result = bench_result(target=str(folder / "models" / "target"), drafter=str(folder / "models" / "drafter"))
     pairing.write_card(result, folder)
     p = pairing.load(folder)
-    assert p.metadata["target"] == str(model_folders / "target")  # not a zoo name: kept as given
+    assert p.metadata["target"] == "models/target"  # written relative to the card's folder
     ids = p.target_tokenizer("The lighthouse keeper", return_tensors="pt").input_ids
     reference = p.target.generate(ids, max_new_tokens=10, do_sample=False)
     hf_hetspec.enable(p.target)
