@@ -96,7 +96,7 @@ def _linear_rows(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Module:
         index = rows.to(weight.device)
         with quiet_quantization_warnings():
             if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-                # PyTorch indexes only per-tensor quantized tensors: take the rows of the int8 values and scales
+                # PyTorch indexes only per-tensor quantized tensors: take the rows of int8 values and scales
                 kept = torch._make_per_channel_quantized_tensor(
                     weight.int_repr()[index], weight.q_per_channel_scales()[index],
                     weight.q_per_channel_zero_points()[index], 0)

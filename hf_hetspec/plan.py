@@ -118,7 +118,8 @@ class HetspecArguments:
         generator: ``hetspec_generator``, a ``torch.Generator`` on the target's device, or ``None``.
         draft_temperature: ``hetspec_draft_temperature``, a real number >= 0, or ``None``.
         drafter_prompt (``torch.LongTensor`` of shape ``(1, m)``): ``assistant_input_ids``, or ``None``.
-        drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`; default ``"auto"``).
+        drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`), default
+            ``"auto"``.
     """
 
     algorithm: str = "auto"

@@ -1,5 +1,5 @@
-"""The drafter's runtime (hf_hetspec.runtime): lossless with every runtime, the user's drafter untouched, the copy
-cached per drafter, bad values refused, the cost ratio reported.
+"""The drafter's runtime (hf_hetspec.runtime): lossless with every runtime, the user's drafter untouched, the
+copy cached per drafter, bad values refused, the cost ratio reported.
 
 Losslessness is checked against the plain target: greedy output token for token, sampled output with the
 chi-square harness. The harness's power against the one mistake a runtime invites -- verifying with the
@@ -69,7 +69,7 @@ def test_int8_drafter_prunes_its_quantized_head_for_tli_and_stays_exact(real_pai
     head = hf_hetspec.drafter.PrunedHead.build(copy_, rows, len(pair.drafter_tokenizer))
     assert head is not None
     feed = torch.tensor([[5, 17, 300]])
-    with torch.no_grad():  # the head quantizes its input's rows together: give it the last one alone, as drafting
+    with torch.no_grad():  # the head quantizes its input rows together: the last one alone, as in drafting
         full = copy_(input_ids=feed, logits_to_keep=1).logits[:, -1]
         pruned = head(feed, hf_hetspec.drafter.DynamicCache())
     torch.testing.assert_close(pruned, full[:, rows], rtol=1e-4, atol=1e-4)
@@ -98,8 +98,8 @@ def _tli_report(pair, drafter, n=600):
     ids = _ids(pair, "the")
     setting = dict(temperature=1.0, top_k=5)
     expected = exact_target_distribution(pair.target, ids, 2, **setting)
-    sampler = hetspec_sampler(pair.target, drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids, "tli", 2,
-                              hetspec_drafter="int8", **setting)
+    sampler = hetspec_sampler(pair.target, drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids, "tli",
+                              2, hetspec_drafter="int8", **setting)
     return check_lossless(expected, sample_outcomes(sampler, n, seed=0), ALPHA)
 
 
@@ -126,7 +126,8 @@ def test_the_users_drafter_is_never_changed_and_the_copy_is_cached(toy_pair):
     before = {k: v.clone() for k, v in drafter.state_dict().items()}
     config = drafter.generation_config.to_dict()
     ids = _ids(toy_pair, "the cat")
-    _, first = _hetspec(toy_pair, ids, drafter=drafter, hetspec_drafter="int8", max_new_tokens=8, do_sample=False)
+    _, first = _hetspec(toy_pair, ids, drafter=drafter, hetspec_drafter="int8", max_new_tokens=8,
+                        do_sample=False)
     _, second = _hetspec(toy_pair, ids, drafter=drafter, hetspec_drafter="int8", max_new_tokens=8,
                          do_sample=False)
     after = drafter.state_dict()
@@ -152,7 +153,7 @@ def test_int8_copy_is_smaller_than_the_float32_copy(toy_pair):
     float32 = runtime.prepare_drafter(drafter.to(torch.bfloat16), "float32")
     int8 = runtime.prepare_drafter(drafter, "int8")
     assert float32.model is not drafter and 0 < int8.memory_bytes < float32.memory_bytes
-    assert runtime.prepare_drafter(float32.model, "float32").model is float32.model  # float32 already: no copy
+    assert runtime.prepare_drafter(float32.model, "float32").model is float32.model  # float32: no copy
 
 
 def test_auto_keeps_tiny_drafters_eager_and_quantizes_large_ones_on_cpu(toy_pair, monkeypatch):
@@ -185,11 +186,11 @@ def test_runtime_without_a_drafter_is_refused(toy_pair):
 
 
 def test_stats_report_the_drafter_step_and_the_cost_ratio(toy_pair):
-    _, stats = _hetspec(toy_pair, _ids(toy_pair, "the cat"), hetspec_algorithm="slem", hetspec_drafter="eager",
-                        max_new_tokens=16, do_sample=False)
+    _, stats = _hetspec(toy_pair, _ids(toy_pair, "the cat"), hetspec_algorithm="slem",
+                        hetspec_drafter="eager", max_new_tokens=16, do_sample=False)
     assert stats.drafter_step_s == pytest.approx(stats.drafter_s / stats.drafter_forwards)
     assert stats.target_step_s == pytest.approx(stats.target_s / stats.target_forwards)
-    assert stats.cost_ratio == pytest.approx(stats.drafter_step_s / stats.target_step_s) and stats.cost_ratio > 0
+    assert stats.cost_ratio == pytest.approx(stats.drafter_step_s / stats.target_step_s) > 0
     record = stats.as_dict()
     assert {"drafter_runtime", "drafter_memory_bytes", "drafter_prepare_s", "cost_ratio"} <= record.keys()
     assert "eager drafter c=" in stats.summary()

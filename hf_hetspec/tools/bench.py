@@ -38,8 +38,9 @@ sampling path also prunes its drafter copy's LM head, which makes its steps chea
 ``bound_ratio`` = achieved speedup / theoretical speedup; above 1 when acceptances come in runs rather than
 independently, as the formula assumes.
 
-The drafter runtime's one-off cost (``config.drafter_runtime``: the runtime, the seconds spent making its copy
-and the copy's MiB, :mod:`hf_hetspec.runtime`) is paid before the warm-up and reported apart from the timed calls.
+The drafter runtime's one-off cost (``config.drafter_runtime``: the runtime, the seconds spent making its
+copy and the copy's MiB, :mod:`hf_hetspec.runtime`) is paid before the warm-up and reported apart from the
+timed calls.
 
 Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.json`` (schema below),
 ``bench.md`` (the tables printed at the end), ``speedup.png`` (speedup per task and method) and, with
@@ -54,7 +55,8 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
                 "tasks": [...], "prompts_per_task": {task: prompts}, "temperatures": [...], "seeds": [...],
                 "algorithms": [...], "lookahead": int | null, "lookahead_sweep": [...], "chat_template": bool,
                 "transformers_method": bool, "data_sources": {task: str}, "step_seconds": {role: seconds},
-                "cost_ratio_method": str, "drafter_runtime": {"runtime", "prepare_s", "memory_mb"}, "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
+                "cost_ratio_method": str, "drafter_runtime": {"runtime", "prepare_s", "memory_mb"},
+                "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
                 "hf_hetspec_version"},
      "results": [{"task", "temperature", "method" ("target"|"transformers"|"hf_hetspec"|"homogeneous"),
                   "label", "algorithm" (hf_hetspec's, else null), "runs", "new_tokens", "seconds",
@@ -519,8 +521,8 @@ def add_command(sub) -> None:
     bench.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None, metavar="ALG",
                        help="hf_hetspec algorithms (default slem tli slrs; --quick: slem)")
     bench.add_argument("--drafter-runtime", choices=RUNTIMES, default="auto",
-                       help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): auto (default), eager, "
-                       "float32 or int8")
+                       help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): auto (default), "
+                       "eager, float32 or int8")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip transformers' universal assisted generation")
     bench.add_argument("--tasks", nargs="+", choices=TASKS, default=None, metavar="TASK",

@@ -103,7 +103,8 @@ def _runtime_note(config: dict) -> str:
     if not runtime:
         return ""
     return (f" hf_hetspec's drafter ran {runtime['runtime']} (its c is that copy's step); the copy took "
-            f"{runtime['prepare_s']:.1f} s to make and holds {runtime['memory_mb']:.0f} MiB, outside the timed calls.")
+            f"{runtime['prepare_s']:.1f} s to make and holds {runtime['memory_mb']:.0f} MiB, outside the timed "
+            "calls.")
 
 
 def _name(model: str) -> str:

@@ -207,7 +207,7 @@ def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
 
 
 def test_hetspec_rows_take_c_from_the_drafter_runtime_they_ran(full_run):
-    """With a drafter copy (e.g. int8), hf_hetspec's c is that copy's step; transformers' stays the drafter's."""
+    """With a drafter copy (e.g. int8), hf_hetspec's c is that copy's step; transformers' is the drafter's."""
     _, _, result, _ = full_run
     steps = {"target": 1.0, "drafter": 0.2, "homogeneous_drafter": 0.3, "hetspec_drafter": 0.05}
     rows = bench.summarize_results(result["records"], steps)
