@@ -102,6 +102,8 @@ def _runtime_note(config: dict) -> str:
     runtime = config.get("drafter_runtime")
     if not runtime:
         return ""
+    if not runtime["memory_mb"]:
+        return f" hf_hetspec's drafter ran {runtime['runtime']}, as loaded."
     return (f" hf_hetspec's drafter ran {runtime['runtime']} (its c is that copy's step); the copy took "
             f"{runtime['prepare_s']:.1f} s to make and holds {runtime['memory_mb']:.0f} MiB, outside the timed "
             "calls.")
