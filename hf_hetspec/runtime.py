@@ -122,8 +122,13 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     Returns:
         :class:`PreparedDrafter`; its ``prepare_s`` is 0 when the copy came from the cache.
 
+    An int8 copy is checked with one forward pass: some architectures read a linear layer's ``weight`` tensor
+    directly instead of calling the layer (transformers' Mamba, Mamba2 and Jamba mixers), which int8 layers
+    do not support. ``"auto"`` then falls back to the drafter as loaded, with a note.
+
     Raises:
-        ValueError: as :func:`resolve_runtime`, before any copy is made.
+        ValueError: as :func:`resolve_runtime`, before any copy is made; ``"int8"`` for a drafter whose int8
+            copy does not run (after the copy is made, before any decoding).
     """
     resolved, note = resolve_runtime(drafter, runtime)
     float32 = all(p.dtype == torch.float32 for p in drafter.parameters())
@@ -131,16 +136,21 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
         return PreparedDrafter(drafter, resolved, 0, 0.0, note)
     per_drafter = _PREPARED.setdefault(drafter, {})
     version = _weights_version(drafter)
-    cached = per_drafter.get(resolved)
-    if cached is not None and cached[0] == version:
-        return PreparedDrafter(cached[1], resolved, cached[2], 0.0, note)
-    start = time.perf_counter()
-    model = _float32_copy(drafter)
-    if resolved == "int8":
-        _quantize_int8(model)
-    memory = model_bytes(model)
-    per_drafter[resolved] = (version, model, memory)
-    return PreparedDrafter(model, resolved, memory, time.perf_counter() - start, note)
+    seconds = 0.0
+    if per_drafter.get(resolved, (None,))[0] != version:
+        start = time.perf_counter()
+        model = _float32_copy(drafter)
+        problem = _quantize_int8(model) if resolved == "int8" else ""
+        per_drafter[resolved] = (version, None if problem else model, model_bytes(model), problem)
+        seconds = time.perf_counter() - start
+    _, model, memory, problem = per_drafter[resolved]
+    if problem and runtime == "auto":
+        return PreparedDrafter(drafter, "eager", 0, seconds,
+                               f"int8 drafter unavailable ({problem}): eager drafter")
+    if problem:
+        raise ValueError(f"hetspec_drafter='int8': this drafter does not run with int8 linear layers "
+                         f"({problem}); use hetspec_drafter='auto' or 'eager'.")
+    return PreparedDrafter(model, resolved, memory, seconds, note)
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -183,9 +193,10 @@ def _float32_copy(drafter: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def _quantize_int8(model: PreTrainedModel) -> None:
+def _quantize_int8(model: PreTrainedModel) -> str:
     """Int8 weights (one scale per output row) and dynamically quantized int8 activations for every
-    ``nn.Linear`` of ``model``, in place (module docstring: why ``torch.ao.quantization``)."""
+    ``nn.Linear`` of ``model``, in place (module docstring: why ``torch.ao.quantization``). Returns why the
+    quantized model does not run (one forward pass over two tokens), or ``""`` when it does."""
     from torch.ao import quantization
 
     with quiet_quantization_warnings():
@@ -193,6 +204,12 @@ def _quantize_int8(model: PreTrainedModel) -> None:
             model, {torch.nn.Linear: quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
             inplace=True,
         )
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2]]), use_cache=False)
+    except (TypeError, AttributeError, RuntimeError) as err:  # a layer's weight read as a tensor
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+    return ""
 
 
 def _quantized_engine() -> str | None:

@@ -19,6 +19,7 @@ import torch
 import hf_hetspec
 from hf_hetspec import runtime
 from hf_hetspec.testing import check_lossless, exact_target_distribution, hetspec_sampler, sample_outcomes
+from hf_hetspec.testing import toy
 from hf_hetspec.tli import TLIProposer
 from conftest import ForwardCounter
 
@@ -75,7 +76,7 @@ def test_int8_drafter_prunes_its_quantized_head_for_tli_and_stays_exact(real_pai
     torch.testing.assert_close(pruned, full[:, rows], rtol=1e-4, atol=1e-4)
 
 
-# SLEM hands verification no q (exact match), so its greedy test above says most; TLI's q and SLRS's psi by default
+# SLEM hands verification no q (exact match): its greedy test says most; TLI's q and SLRS's psi run by default
 @pytest.mark.parametrize("algorithm", [pytest.param("slem", marks=pytest.mark.slow), "tli", "slrs"])
 def test_sampling_with_the_int8_drafter_is_lossless(toy_pair, algorithm):
     ids = _ids(toy_pair, "the")
@@ -196,3 +197,19 @@ def test_stats_report_the_drafter_step_and_the_cost_ratio(toy_pair):
     record = stats.as_dict()
     assert {"drafter_runtime", "drafter_memory_bytes", "drafter_prepare_s", "cost_ratio"} <= record.keys()
     assert "eager drafter c=" in stats.summary()
+
+
+def test_a_drafter_whose_int8_copy_does_not_run_stays_eager_under_auto(monkeypatch):
+    """transformers' Mamba mixers read ``dt_proj.weight`` as a tensor, which an int8 layer does not have:
+    'auto' falls back to the drafter as loaded (with a note), 'int8' is refused, nothing is retried."""
+    from hf_hetspec.testing.architectures import tiny_model
+
+    tokenizer = toy.byte_level_bpe_tokenizer()
+    drafter = tiny_model("mamba", len(tokenizer) + 8, toy._special_ids(tokenizer), seed=1)
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)
+    prepared = runtime.prepare_drafter(drafter, "auto")
+    assert prepared.model is drafter and prepared.runtime == "eager"
+    assert "int8 drafter unavailable" in prepared.note
+    assert runtime.prepare_drafter(drafter, "auto").prepare_s == 0.0  # the failed copy is not made again
+    with pytest.raises(ValueError, match="hetspec_drafter='int8': this drafter does not run with int8"):
+        runtime.prepare_drafter(drafter, "int8")
