@@ -4,16 +4,33 @@ transformers 5.24 renamed the KV cache from ``past_key_values`` to ``cache``: in
 in ``generate()``'s model kwargs and in model outputs. The old name still works there but warns, and is due to
 be removed in 5.40. hf_hetspec passes and reads whichever name the installed release and the model use, so it
 runs without that warning on 5.23 and on 5.24+.
+
+PyTorch 2.13 deprecates ``torch.ao.quantization`` and quantized tensors, and warns on every use; the int8
+drafter (:mod:`hf_hetspec.runtime` says why it still uses them) silences exactly those warnings
+(:func:`quiet_quantization_warnings`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import warnings
 from typing import Any
 
 _OLD, _NEW = "past_key_values", "cache"
 _FORWARD_CACHE_NAME: dict[type, str] = {}
+
+
+@contextlib.contextmanager
+def quiet_quantization_warnings():
+    """Silence the deprecation warnings of ``torch.ao.quantization`` and quantized tensors, no others."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated",
+                                category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel",
+                                category=UserWarning)
+        yield
 
 
 def cache_argument(model: Any) -> str:

@@ -19,9 +19,10 @@ from typing import Callable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicSlidingWindowLayer
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
-from .compat import cache_kwargs
+from .compat import cache_kwargs, quiet_quantization_warnings
 from .recurrent import SnapshotCache, is_state_layer
 
 #: Positions kept free after the synced context for one draft (lookahead <= 16 target tokens, a few drafter
@@ -75,15 +76,43 @@ def _head_is_linear(model: PreTrainedModel) -> bool:
     ok = False
     head = model.get_output_embeddings()
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if isinstance(head, torch.nn.Linear) and decoder is not None and decoder is not model:
+    linear = isinstance(head, (torch.nn.Linear, DynamicQuantizedLinear))
+    if linear and decoder is not None and decoder is not model:
         ids = torch.tensor([[1, 2, 3]], device=model_device(model))
         with torch.no_grad():
             full = model(input_ids=ids, use_cache=False).logits[0, -1].float()
-            hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0, -1].to(head.weight.device)
-            mine = torch.nn.functional.linear(hidden, head.weight, head.bias).float().to(full.device)
+            hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0, -1]
+            mine = head(hidden[None].to(model_device(model)))[0].float().to(full.device)
         ok = full.shape == mine.shape and torch.allclose(full, mine, rtol=1e-2, atol=1e-2 * float(full.abs().max()))
     _HEAD_CHECKED[model] = ok
     return ok
+
+
+def _linear_rows(head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Module:
+    """A linear layer computing only the outputs ``rows`` of ``head``: an ``nn.Linear``, or a dynamically
+    quantized one (:mod:`hf_hetspec.runtime`'s int8 drafter), whose int8 rows and scales are kept as is."""
+    if isinstance(head, DynamicQuantizedLinear):
+        weight, bias = head._weight_bias()
+        index = rows.to(weight.device)
+        with quiet_quantization_warnings():
+            if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                # PyTorch indexes only per-tensor quantized tensors: take the rows of int8 values and scales
+                kept = torch._make_per_channel_quantized_tensor(
+                    weight.int_repr()[index], weight.q_per_channel_scales()[index],
+                    weight.q_per_channel_zero_points()[index], 0)
+            else:
+                kept = weight[index]
+            pruned = DynamicQuantizedLinear(head.in_features, rows.numel(), dtype=weight.dtype)
+            pruned.set_weight_bias(kept, None if bias is None else bias[index].contiguous())
+        return pruned
+    index = rows.to(head.weight.device)
+    pruned = torch.nn.Linear(head.in_features, rows.numel(), bias=head.bias is not None,
+                             device=head.weight.device, dtype=head.weight.dtype)
+    with torch.no_grad():
+        pruned.weight.copy_(head.weight[index])
+        if head.bias is not None:
+            pruned.bias.copy_(head.bias[index])
+    return pruned.requires_grad_(False)
 
 
 class PrunedHead:
@@ -107,12 +136,14 @@ class PrunedHead:
         per_model = _PRUNED_HEADS.setdefault(model, {})
         key = (rows.shape[0], hash(tuple(rows.tolist())))
         # a head changed since the copy (training steps, resized embeddings) is copied again
-        version = (head.weight.data_ptr(), head.weight._version, tuple(head.weight.shape))
+        if isinstance(head, DynamicQuantizedLinear):
+            version = (id(head._packed_params), head.out_features)
+        else:
+            version = (head.weight.data_ptr(), head.weight._version, tuple(head.weight.shape))
         if key not in per_model or per_model[key][0] != version:
-            index = rows.to(head.weight.device)
-            bias = None if head.bias is None else head.bias[index].contiguous()
-            per_model[key] = (version, head.weight[index].contiguous(), bias)
-        _, self.weight, self.bias = per_model[key]
+            per_model[key] = (version, _linear_rows(head, rows))
+        _, self.linear = per_model[key]
+        self.head_device = head.weight.device if isinstance(head, torch.nn.Linear) else torch.device("cpu")
         self.rows = rows.to(model_device(model))
 
     @classmethod
@@ -128,8 +159,7 @@ class PrunedHead:
         """Logits of the kept rows for the last position of ``feed`` (``(1, R)``, float32 accumulation as the
         head's dtype gives)."""
         out = self.decoder(input_ids=feed, use_cache=True, **cache_kwargs(self.decoder, cache))
-        hidden = out.last_hidden_state[:, -1]
-        return torch.nn.functional.linear(hidden.to(self.weight.device), self.weight, self.bias)
+        return self.linear(out.last_hidden_state[:, -1].to(self.head_device))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from .compat import cache_from_kwargs
 from .decoding import speculative_generate
 from .model_checks import check_drafter_weights
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
+from .runtime import prepare_drafter
 from .stats import DecodingStats
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
@@ -60,6 +61,10 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 
     * ``hetspec_algorithm``: ``"auto"`` (default), ``"slem"``, ``"tli"`` or ``"slrs"``.
     * ``hetspec_generator`` (``torch.Generator`` on the target's device): randomness of a sampled call.
+    * ``hetspec_drafter``: the drafter's runtime, ``"auto"`` (default), ``"eager"``, ``"float32"`` or
+      ``"int8"`` (:mod:`hf_hetspec.runtime`): a faster copy of the drafter, made once and cached while the
+      drafter lives; the drafter passed in is never changed and the output never depends on the runtime.
+      Refused before any work (``ValueError``) when unknown, or ``"int8"`` for a drafter off the CPU.
     * ``hetspec_draft_temperature`` (float >= 0, TLI and SLRS with ``do_sample=True``): how the drafter picks
       its draft tokens. Default: a sample of its distribution at the call's temperature (Algorithms 3 and 4);
       ``t > 0``: at temperature ``t`` instead (the call's top-k/top-p still apply); ``0``: its argmax, verified
@@ -216,7 +221,11 @@ def _generate(self, *args, **kwargs):
 
     plan = make_plan(self, call, extra, hetspec)
     check_drafter_weights(call["assistant_model"])
-    stats = DecodingStats(algorithm=plan.algorithm, note=plan.note)
+    # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter and cached
+    prepared = prepare_drafter(call["assistant_model"], hetspec.drafter_runtime)
+    stats = DecodingStats(algorithm=plan.algorithm, note="; ".join(filter(None, (plan.note, prepared.note))),
+                          drafter_runtime=prepared.runtime, drafter_prepare_s=prepared.prepare_s,
+                          drafter_memory_bytes=prepared.memory_bytes)
     _stats_by_model()[self] = stats
     if plan.stop_strings:
         # transformers drops `tokenizer` for custom_generate callables, so it cannot build this criterion
@@ -225,8 +234,8 @@ def _generate(self, *args, **kwargs):
         call["stopping_criteria"] = criteria
     # transformers does not hand `streamer` to custom_generate callables either: we stream ourselves
     streamer = call.pop("streamer", None)
-    drafter = call.pop("assistant_model")
+    call.pop("assistant_model")
     call["generation_config"] = plan.generation_config
-    call["custom_generate"] = _HetSpecDecoding(plan, drafter, stats, hetspec.generator, streamer)
+    call["custom_generate"] = _HetSpecDecoding(plan, prepared.model, stats, hetspec.generator, streamer)
     with torch.no_grad():
         return original(**call, **plan.model_kwargs)

@@ -29,6 +29,7 @@ from .drafter import DraftStop, model_device
 from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import HeterogeneousProposer
+from .runtime import resolve_runtime
 from .slem import SLEMProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
@@ -120,22 +121,27 @@ class HetspecArguments:
         generator: ``hetspec_generator``, a ``torch.Generator`` on the target's device, or ``None``.
         draft_temperature: ``hetspec_draft_temperature``, a real number >= 0, or ``None``.
         drafter_prompt (``torch.LongTensor`` of shape ``(1, m)``): ``assistant_input_ids``, or ``None``.
+        drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`), default
+            ``"auto"``.
     """
 
     algorithm: str = "auto"
     generator: torch.Generator | None = None
     draft_temperature: float | None = None
     drafter_prompt: torch.Tensor | None = None
+    drafter_runtime: str = "auto"
 
-    KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids")
+    KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
+                "hetspec_drafter")
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
         """Remove hf_hetspec's keywords from ``kwargs``; returns them and whether any was given."""
         values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
         given = any(value is not None for value in values)
-        algorithm, generator, draft_temperature, drafter_prompt = values
-        return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt), given
+        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime = values
+        return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt,
+                   "auto" if drafter_runtime is None else drafter_runtime), given
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -190,6 +196,7 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
             f"hetspec_generator is on {generator.device.type} but the target's logits are on "
             f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
         )
+    resolve_runtime(drafter, args.drafter_runtime)  # hetspec_drafter: known, and possible for this drafter
     _check_prompt(inputs, model_kwargs)
 
 

@@ -21,7 +21,13 @@ Conventions (the field's, written down once):
   ``drafter_truncated_tokens`` counts the oldest drafter-context tokens dropped to stay within the
   drafter's ``max_position_embeddings`` (the target always sees everything; the output is unchanged);
 * ``drafter_head_rows``: rows of the drafter's LM head computed per drafter step when TLI prunes it to the
-  vocabulary intersection (0: the full head).
+  vocabulary intersection (0: the full head);
+* ``drafter_runtime`` is the runtime the drafter ran in (:mod:`hf_hetspec.runtime`), ``drafter_memory_bytes``
+  the bytes its copy holds (0: the drafter itself ran), ``drafter_prepare_s`` the seconds this call spent
+  making the copy (0 when it was cached; not part of ``total_s``);
+* ``drafter_step_s = drafter_s / drafter_forwards`` and ``target_step_s = target_s / target_forwards`` (a
+  target step verifies a whole draft), and the cost ratio ``cost_ratio = drafter_step_s / target_step_s``:
+  Leviathan et al.'s ``c``, measured within the call.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class DecodingStats:
     skipped_drafts: int = 0
     drafter_truncated_tokens: int = 0
     drafter_head_rows: int = 0
+    drafter_runtime: str = "eager"
+    drafter_memory_bytes: int = 0
+    drafter_prepare_s: float = 0.0
     drafter_s: float = 0.0
     target_s: float = 0.0
     translation_s: float = 0.0
@@ -82,6 +91,21 @@ class DecodingStats:
         return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def drafter_step_s(self) -> float:
+        """Mean seconds per drafter forward (0.0 without one)."""
+        return self.drafter_s / self.drafter_forwards if self.drafter_forwards else 0.0
+
+    @property
+    def target_step_s(self) -> float:
+        """Mean seconds per target forward, verification included (0.0 without one)."""
+        return self.target_s / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def cost_ratio(self) -> float:
+        """``c`` = :attr:`drafter_step_s` / :attr:`target_step_s` (0.0 when either was not measured)."""
+        return self.drafter_step_s / self.target_step_s if self.drafter_step_s and self.target_step_s else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         """New target tokens per wall-clock second of the decoding call."""
         return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
@@ -103,6 +127,9 @@ class DecodingStats:
             alpha=self.alpha,
             mean_accepted_per_forward=self.mean_accepted_per_forward,
             tokens_per_second=self.tokens_per_second,
+            drafter_step_s=self.drafter_step_s,
+            target_step_s=self.target_step_s,
+            cost_ratio=self.cost_ratio,
         )
         return d
 
@@ -112,6 +139,8 @@ class DecodingStats:
             f"{self.algorithm}: {self.new_tokens} tokens in {self.total_s:.2f}s "
             f"({self.tokens_per_second:.1f} tok/s), {self.target_forwards} target forwards, "
             f"acceptance {self.acceptance_rate:.2f} (alpha {self.alpha:.2f}), "
-            f"{self.mean_accepted_per_forward:.2f} tokens/forward"
+            f"{self.mean_accepted_per_forward:.2f} tokens/forward, {self.drafter_runtime} drafter "
+            f"c={self.cost_ratio:.3f}"
+            + (f" (copy made in {self.drafter_prepare_s:.2f}s)" if self.drafter_prepare_s else "")
             + (f" [{self.note}]" if self.note else "")
         )

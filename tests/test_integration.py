@@ -464,17 +464,17 @@ def test_pruned_head_follows_changes_to_the_drafter_weights(real_pair):
     pair = real_pair("qwen2.5-coder", "gemma3")
     head = pair.drafter.get_output_embeddings()
     rows = torch.arange(0, len(pair.drafter_tokenizer), 3)
-    before = hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight.clone()
+    before = hf_hetspec.drafter.PrunedHead(pair.drafter, rows).linear.weight.clone()
     saved = head.weight.detach().clone()
     try:
         with torch.no_grad():
             head.weight.mul_(2.0)
-        after = hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight
+        after = hf_hetspec.drafter.PrunedHead(pair.drafter, rows).linear.weight
         torch.testing.assert_close(after, 2.0 * before)
     finally:
         with torch.no_grad():
             head.weight.copy_(saved)
-    torch.testing.assert_close(hf_hetspec.drafter.PrunedHead(pair.drafter, rows).weight, before)
+    torch.testing.assert_close(hf_hetspec.drafter.PrunedHead(pair.drafter, rows).linear.weight, before)
 
 
 def test_cache_argument_follows_the_forward_signature(toy_sp_tokenizer):

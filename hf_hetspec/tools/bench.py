@@ -29,13 +29,18 @@ acceptance rate estimated as accepted / (accepted + rejections) (the drafted tok
 "acceptance" column, accepted / drafted, also counts tokens after a round's first rejection, which are never
 examined, and would understate ``alpha``), ``gamma`` the mean lookahead = drafter forwards per target forward
 (hf_hetspec's own count; a forward hook on the drafter for transformers' methods) and ``c`` the cost ratio =
-drafter step seconds / target step seconds, each measured once per run by
+drafter step seconds / target step seconds (for hf_hetspec, the drafter in its ``--drafter-runtime``, e.g. the
+int8 copy; for transformers' methods, the drafter as loaded), each measured once per run by
 :func:`hf_hetspec.tools.runner.step_seconds` (median of timed single-token forwards after prefilling the first
 prompt, outside the measured calls). The formula assumes one vocabulary: across vocabularies ``alpha``
 counts target tokens and ``gamma`` drafter steps, so the bound is an approximation there (transformers'
 sampling path also prunes its drafter copy's LM head, which makes its steps cheaper than the ``c`` used).
 ``bound_ratio`` = achieved speedup / theoretical speedup; above 1 when acceptances come in runs rather than
 independently, as the formula assumes.
+
+The drafter runtime's one-off cost (``config.drafter_runtime``: the runtime, the seconds spent making its
+copy and the copy's MiB, :mod:`hf_hetspec.runtime`) is paid before the warm-up and reported apart from the
+timed calls.
 
 Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.json`` (schema below),
 ``bench.md`` (the tables printed at the end), ``speedup.png`` (speedup per task and method) and, with
@@ -50,7 +55,8 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
                 "tasks": [...], "prompts_per_task": {task: prompts}, "temperatures": [...], "seeds": [...],
                 "algorithms": [...], "lookahead": int | null, "lookahead_sweep": [...], "chat_template": bool,
                 "transformers_method": bool, "data_sources": {task: str}, "step_seconds": {role: seconds},
-                "cost_ratio_method": str, "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
+                "cost_ratio_method": str, "drafter_runtime": {"runtime", "prepare_s", "memory_mb"},
+                "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
                 "hf_hetspec_version"},
      "results": [{"task", "temperature", "method" ("target"|"transformers"|"hf_hetspec"|"homogeneous"),
                   "label", "algorithm" (hf_hetspec's, else null), "runs", "new_tokens", "seconds",
@@ -80,6 +86,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..plan import ALGORITHMS
+from ..runtime import RUNTIMES, prepare_drafter
 from ..stats import acceptance_rate, alpha
 from . import pairing, zoo
 from .analyze import expected_speedup
@@ -257,6 +264,8 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
         totals = aggregate(group)
         speedup = _ratio(totals["tokens_per_second"], base[(task, temperature)])
         drafter = {"target": None, "homogeneous": "homogeneous_drafter"}.get(method, "drafter")
+        if method == "hf_hetspec" and "hetspec_drafter" in step_seconds:
+            drafter = "hetspec_drafter"
         cost = _ratio(step_seconds[drafter], step_seconds["target"]) if drafter else None
         measured_alpha, gamma = totals["alpha"], totals["mean_lookahead"]
         theory = expected_speedup(measured_alpha, gamma, cost) if None not in (measured_alpha, gamma, cost) else None
@@ -406,6 +415,7 @@ def cmd_bench(args) -> int:
         builtin = (None, None)
         if sampling and not args.no_transformers:  # transformers prunes its drafter's LM head in place
             builtin = load_model("--drafter", args.drafter, args.dtype, device)
+        prepared = prepare_drafter(drafter, args.drafter_runtime)  # once, before anything is timed
         homogeneous, homogeneous_tok = None, None
         if args.homogeneous_drafter:
             homogeneous, homogeneous_tok = load_model("--homogeneous-drafter", args.homogeneous_drafter,
@@ -417,7 +427,8 @@ def cmd_bench(args) -> int:
         err.print(busy, markup=False)
     chat = not args.no_chat_template and bool(target_tok.chat_template)
     greedy = Runner(target, target_tok, drafter, drafter_tok, max_new_tokens=settings["max_new_tokens"],
-                    lookahead=args.lookahead, homogeneous_drafter=homogeneous)
+                    lookahead=args.lookahead, homogeneous_drafter=homogeneous,
+                    drafter_runtime=prepared.runtime)
     runners = {
         (t, s): greedy if t == 0 else replace(
             greedy, do_sample=True, temperature=t, seed=s, builtin_drafter=builtin[0],
@@ -438,6 +449,8 @@ def cmd_bench(args) -> int:
                 run_spec(runner, spec, warm, min(WARMUP_TOKENS, settings["max_new_tokens"]))
         text = prompts[0].turns[0]
         roles = {"target": (target, target_tok), "drafter": (drafter, drafter_tok)}
+        if prepared.model is not drafter:
+            roles["hetspec_drafter"] = (prepared.model, drafter_tok)
         if homogeneous is not None:
             roles["homogeneous_drafter"] = (homogeneous, homogeneous_tok)
         steps = {role: step_seconds(model, tokenizer(text, return_tensors="pt").input_ids)
@@ -469,6 +482,8 @@ def cmd_bench(args) -> int:
             "lookahead": args.lookahead, "lookahead_sweep": settings["sweep"], "chat_template": chat,
             "transformers_method": not args.no_transformers, "data_sources": sources, "step_seconds": steps,
             "cost_ratio_method": COST_RATIO_METHOD,
+            "drafter_runtime": {"runtime": prepared.runtime, "prepare_s": prepared.prepare_s,
+                                "memory_mb": prepared.memory_bytes / 2**20},
             "command": shlex.join(["hf-hetspec", *getattr(args, "argv", ["bench"])]),
             "date": datetime.date.today().isoformat(), "hf_hetspec_version": __version__,
         },
@@ -505,6 +520,9 @@ def add_command(sub) -> None:
                        "drafter (e.g. qwen2.5-coder-0.5b-instruct for the 1.5B target)")
     bench.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None, metavar="ALG",
                        help="hf_hetspec algorithms (default slem tli slrs; --quick: slem)")
+    bench.add_argument("--drafter-runtime", choices=RUNTIMES, default="auto",
+                       help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): auto (default), "
+                       "eager, float32 or int8")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip transformers' universal assisted generation")
     bench.add_argument("--tasks", nargs="+", choices=TASKS, default=None, metavar="TASK",

@@ -90,11 +90,23 @@ def markdown_report(result: dict) -> str:
                 f"| {_f(adaptive['adaptive_vs_best'])} | {'yes' if adaptive['within_10_percent'] else 'no'} |"
             )
     lines += ["", "Data: " + "; ".join(f"{t}: {s}" for t, s in config["data_sources"].items()) + ".",
-              f"Cost ratio: {config['cost_ratio_method']}.",
+              f"Cost ratio: {config['cost_ratio_method']}." + _runtime_note(config),
               ALPHA_NOTE]
     if any(r["method"] == "transformers" and r["temperature"] > 0 for r in result["results"]):
         lines += ["", TRANSFORMERS_SAMPLING_NOTE]
     return "\n".join(lines) + "\n"
+
+
+def _runtime_note(config: dict) -> str:
+    """hf_hetspec's drafter runtime and its one-off cost, outside the timed calls (older bench.json: none)."""
+    runtime = config.get("drafter_runtime")
+    if not runtime:
+        return ""
+    if not runtime["memory_mb"]:
+        return f" hf_hetspec's drafter ran {runtime['runtime']}, as loaded."
+    return (f" hf_hetspec's drafter ran {runtime['runtime']} (its c is that copy's step); the copy took "
+            f"{runtime['prepare_s']:.1f} s to make and holds {runtime['memory_mb']:.0f} MiB, outside the timed "
+            "calls.")
 
 
 def _name(model: str) -> str:

@@ -312,6 +312,8 @@ class Runner:
             Sampling: a separately loaded copy, because transformers prunes the LM head of the first drafter
             it sees with a tokenizer pair in place, and caches that translation per tokenizer object.
         homogeneous_drafter: a drafter with the target's vocabulary for ``"homogeneous"`` (``None``: not run).
+        drafter_runtime: hf_hetspec's ``hetspec_drafter`` (:mod:`hf_hetspec.runtime`); transformers' methods
+            always run the drafter as loaded.
     """
 
     target: object
@@ -328,6 +330,7 @@ class Runner:
     builtin_drafter: object = None
     builtin_drafter_tokenizer: object = None
     homogeneous_drafter: object = None
+    drafter_runtime: str = "auto"
     device: torch.device = field(init=False)
 
     def __post_init__(self):
@@ -447,6 +450,7 @@ class Runner:
                     assistant_tokenizer=self.drafter_tokenizer,
                     hetspec_algorithm=self.algorithm,
                     hetspec_generator=generator,
+                    hetspec_drafter=self.drafter_runtime,
                     streamer=streamer,
                     **self._assisted(max_new_tokens),
                 ),

@@ -127,6 +127,7 @@ def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
         assert (row["drafter_s"] is not None) == (row["method"] == "hf_hetspec")
         drafter = "homogeneous_drafter" if row["method"] == "homogeneous" else "drafter"
         steps = result["config"]["step_seconds"]
+        assert "hetspec_drafter" not in steps  # tiny drafters run eager under --drafter-runtime auto
         assert row["cost_ratio"] == pytest.approx(steps[drafter] / steps["target"])
         assert row["mean_lookahead"] == pytest.approx(
             sum(r["drafter_forwards"] for r in records) / sum(r["target_forwards"] for r in records))
@@ -203,6 +204,18 @@ def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
         assert row["best_fixed_lookahead"] == best["lookahead"]
         assert row["adaptive_vs_best"] == pytest.approx(row["tokens_per_second"] / best["tokens_per_second"])
         assert row["within_10_percent"] == (row["adaptive_vs_best"] >= 0.9)
+
+
+def test_hetspec_rows_take_c_from_the_drafter_runtime_they_ran(full_run):
+    """With a drafter copy (e.g. int8), hf_hetspec's c is that copy's step; transformers' is the drafter's."""
+    _, _, result, _ = full_run
+    steps = {"target": 1.0, "drafter": 0.2, "homogeneous_drafter": 0.3, "hetspec_drafter": 0.05}
+    rows = bench.summarize_results(result["records"], steps)
+    expected = {"hf_hetspec": 0.05, "transformers": 0.2, "homogeneous": 0.3, "target": None}
+    assert all(row["cost_ratio"] == expected[row["method"]] for row in rows)
+    runtime = {"runtime": "int8", "prepare_s": 4.0, "memory_mb": 240.0}
+    config = dict(result["config"], drafter_runtime=runtime)
+    assert "drafter ran int8" in reports.markdown_report(dict(result, config=config))
 
 
 def test_expected_speedup_matches_hand_computed_values():

@@ -1,0 +1,219 @@
+"""The drafter's runtime: how the drafter's forward passes are executed, chosen per call or per drafter.
+
+Speculative decoding's speedup is capped by the cost ratio ``c`` = drafter step time / target step time
+(Leviathan et al. 2023, Theorem 3.8): with acceptance rate ``alpha`` and lookahead ``gamma`` the expected
+speedup is ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``. A small drafter's step is dominated by
+reading its weights, so cheaper weights lower ``c`` directly. A runtime is a *copy* of the user's drafter
+prepared once and cached while the drafter lives; the user's drafter is never changed:
+
+* ``"eager"``: the drafter as loaded (no copy).
+* ``"float32"``: a float32 copy (a bf16 drafter's matmuls are slower than float32 ones on most CPUs).
+* ``"int8"`` (CPU only): a float32 copy whose ``nn.Linear`` layers, LM head included, hold int8 weights
+  (one scale per output row) and quantize their activations to int8 on the fly (PyTorch's dynamic
+  quantization, fbgemm/onednn kernels); embeddings and norms stay float32.
+* ``"auto"`` (default): ``"int8"`` on CPU for a drafter of at least :data:`AUTO_INT8_MIN_PARAMETERS`
+  non-embedding weights when PyTorch has a quantized CPU engine, else ``"eager"`` (with a one-line note
+  when int8 was wanted but is unavailable). On other devices ``"eager"``.
+
+Why PyTorch's dynamic quantization and not torchao: measured on this project's 2-core x86 CPU (torch 2.13,
+torchao 0.18, one thread, SmolLM2-135M, ``benchmarks/drafter_runtime.py``), torchao's
+``Int8DynamicActivationInt8WeightConfig`` step took 3.1x and ``Int8WeightOnlyConfig`` 1.8x the eager bf16
+step (its CPU path without ``torch.compile`` dequantizes), while ``torch.ao.quantization.quantize_dynamic``
+took 0.43x. ``torch.ao.quantization`` is deprecated in favour of torchao; switch once torchao's eager CPU
+kernels are as fast (the runtime keeps the choice in :func:`_quantize_int8` alone).
+
+Why this is lossless by construction: the drafting algorithms read their logits from the model they are
+handed, so SLEM's drafted text, TLI's ``q`` and SLRS's ``psi`` are computed from the logits the prepared
+copy really produced. Verification is exact for any drafter (Leviathan et al. 2023, Theorem 1; Timor et al.
+2025, Theorems 3.2-3.4): a runtime changes which drafts are proposed and how fast, never the output
+distribution.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .compat import quiet_quantization_warnings
+from .drafter import model_device
+
+RUNTIMES = ("auto", "eager", "float32", "int8")
+
+#: ``"auto"`` quantizes drafters whose linear layers other than the LM head hold at least this many weights
+#: (SmolLM2-135M: 106M, Gemma-3-270M: 100M): below it a step is dominated by Python and kernel-launch overhead
+#: rather than by reading weights (tiny test models, whose parameters are mostly embeddings).
+AUTO_INT8_MIN_PARAMETERS = 20_000_000
+
+
+@dataclass(frozen=True)
+class PreparedDrafter:
+    """A drafter ready for decoding.
+
+    Attributes:
+        model: the model the drafting algorithms run (the user's drafter for ``"eager"`` and for ``"float32"``
+            with a float32 drafter, else a copy).
+        runtime: the runtime in effect (never ``"auto"``).
+        memory_bytes: bytes of parameters and buffers held by the copy (0 without a copy).
+        prepare_s: seconds spent making the copy (paid once per drafter and runtime, then cached).
+        note: why ``"auto"`` chose this runtime when it fell back (empty otherwise).
+    """
+
+    model: PreTrainedModel
+    runtime: str
+    memory_bytes: int
+    prepare_s: float
+    note: str = ""
+
+
+_PREPARED: "weakref.WeakKeyDictionary[PreTrainedModel, dict]" = weakref.WeakKeyDictionary()
+
+
+def check_runtime(runtime) -> str:
+    """``runtime`` checked (``generate(hetspec_drafter=...)``); returns it.
+
+    Raises:
+        ValueError: not one of :data:`RUNTIMES`.
+    """
+    if not isinstance(runtime, str) or runtime not in RUNTIMES:
+        raise ValueError(f"hetspec_drafter={runtime!r} is not known; use one of {', '.join(RUNTIMES)}.")
+    return runtime
+
+
+def resolve_runtime(drafter: PreTrainedModel, runtime: str = "auto") -> tuple[str, str]:
+    """The runtime ``runtime`` stands for with this drafter, and a note when ``"auto"`` fell back to eager.
+
+    Returns:
+        ``(runtime, note)`` with ``runtime`` in ``("eager", "float32", "int8")``.
+
+    Raises:
+        ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or ``"int8"`` is asked for a drafter that is
+            not on the CPU, or with a PyTorch without a quantized CPU engine.
+    """
+    check_runtime(runtime)
+    on_cpu = all(p.device.type == "cpu" for p in drafter.parameters())
+    engine = _quantized_engine()
+    if runtime == "int8" and (not on_cpu or engine is None):
+        where = "this PyTorch build has no quantized CPU engine" if on_cpu else (
+            f"the drafter is on {model_device(drafter)}, and int8 dynamic quantization runs on the CPU only")
+        raise ValueError(f"hetspec_drafter='int8': {where}; use hetspec_drafter='auto' or 'eager'.")
+    if runtime != "auto":
+        return runtime, ""
+    if not on_cpu or _decoder_linear_weights(drafter) < AUTO_INT8_MIN_PARAMETERS:
+        return "eager", ""
+    if engine is None:
+        return "eager", "int8 drafter unavailable (no quantized CPU engine in this PyTorch): eager drafter"
+    return "int8", ""
+
+
+def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> PreparedDrafter:
+    """The drafter in ``runtime``, made once per drafter and runtime and cached while the drafter lives.
+
+    The copy is made again when the drafter's weights changed since (training steps, ``load_state_dict``).
+
+    Args:
+        drafter: the user's drafter; never modified.
+        runtime: one of :data:`RUNTIMES` (module docstring).
+
+    Returns:
+        :class:`PreparedDrafter`; its ``prepare_s`` is 0 when the copy came from the cache.
+
+    An int8 copy is checked with one forward pass: some architectures read a linear layer's ``weight`` tensor
+    directly instead of calling the layer (transformers' Mamba, Mamba2 and Jamba mixers), which int8 layers
+    do not support. ``"auto"`` then falls back to the drafter as loaded, with a note.
+
+    Raises:
+        ValueError: as :func:`resolve_runtime`, before any copy is made; ``"int8"`` for a drafter whose int8
+            copy does not run (after the copy is made, before any decoding).
+    """
+    resolved, note = resolve_runtime(drafter, runtime)
+    float32 = all(p.dtype == torch.float32 for p in drafter.parameters())
+    if resolved == "eager" or (resolved == "float32" and float32):
+        return PreparedDrafter(drafter, resolved, 0, 0.0, note)
+    per_drafter = _PREPARED.setdefault(drafter, {})
+    version = _weights_version(drafter)
+    seconds = 0.0
+    if per_drafter.get(resolved, (None,))[0] != version:
+        start = time.perf_counter()
+        model = _float32_copy(drafter)
+        problem = _quantize_int8(model) if resolved == "int8" else ""
+        per_drafter[resolved] = (version, None if problem else model, model_bytes(model), problem)
+        seconds = time.perf_counter() - start
+    _, model, memory, problem = per_drafter[resolved]
+    if problem and runtime == "auto":
+        return PreparedDrafter(drafter, "eager", 0, seconds,
+                               f"int8 drafter unavailable ({problem}): eager drafter")
+    if problem:
+        raise ValueError(f"hetspec_drafter='int8': this drafter does not run with int8 linear layers "
+                         f"({problem}); use hetspec_drafter='auto' or 'eager'.")
+    return PreparedDrafter(model, resolved, memory, seconds, note)
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s parameters and buffers (a tied weight once), plus the packed int8 weights, scales
+    and biases of dynamically quantized linear layers (which are neither)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    for module in model.modules():
+        if hasattr(module, "_packed_params") and callable(getattr(module, "weight", None)):
+            weight, bias = module._weight_bias()
+            tensors += [weight, *([] if bias is None else [bias])]
+            if weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                tensors += [weight.q_per_channel_scales(), weight.q_per_channel_zero_points()]
+    seen, total = set(), 0
+    for tensor in tensors:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _decoder_linear_weights(model: PreTrainedModel) -> int:
+    """Weights of ``model``'s ``nn.Linear`` layers other than its LM head."""
+    head = model.get_output_embeddings()
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+
+
+def _weights_version(model: torch.nn.Module) -> tuple:
+    """Changes when a parameter is replaced or modified in place (the cached copy is then stale)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _float32_copy(drafter: PreTrainedModel) -> PreTrainedModel:
+    """An independent float32 copy in eval mode (ties between weights, e.g. embedding and LM head, kept)."""
+    model = copy.deepcopy(drafter)
+    model.to(torch.float32)
+    model.eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
+
+
+def _quantize_int8(model: PreTrainedModel) -> str:
+    """Int8 weights (one scale per output row) and dynamically quantized int8 activations for every
+    ``nn.Linear`` of ``model``, in place (module docstring: why ``torch.ao.quantization``). Returns why the
+    quantized model does not run (one forward pass over two tokens), or ``""`` when it does."""
+    from torch.ao import quantization
+
+    with quiet_quantization_warnings():
+        quantization.quantize_dynamic(
+            model, {torch.nn.Linear: quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
+            inplace=True,
+        )
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2]]), use_cache=False)
+    except (TypeError, AttributeError, RuntimeError) as err:  # a layer's weight read as a tensor
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+    return ""
+
+
+def _quantized_engine() -> str | None:
+    """PyTorch's quantized CPU engine (``"x86"``, ``"fbgemm"``, ``"onednn"``, ``"qnnpack"``), or ``None``."""
+    engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
+    return torch.backends.quantized.engine if torch.backends.quantized.engine in engines else (
+        engines[0] if engines else None)

@@ -1,0 +1,215 @@
+"""The drafter's runtime (hf_hetspec.runtime): lossless with every runtime, the user's drafter untouched, the
+copy cached per drafter, bad values refused, the cost ratio reported.
+
+Losslessness is checked against the plain target: greedy output token for token, sampled output with the
+chi-square harness. The harness's power against the one mistake a runtime invites -- verifying with the
+distribution of the *original* drafter while drafting with the copy -- is shown with a copy whose logits are
+exactly four times the original's (a "runtime" that sharpens the drafter): drafting and verifying with the
+copy's ``q`` passes, verifying with the original's ``q`` is rejected.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import pytest
+import torch
+
+import hf_hetspec
+from hf_hetspec import runtime
+from hf_hetspec.testing import check_lossless, exact_target_distribution, hetspec_sampler, sample_outcomes
+from hf_hetspec.testing import toy
+from hf_hetspec.tli import TLIProposer
+from conftest import ForwardCounter
+
+RUNTIMES = ("eager", "float32", "int8")
+ALGORITHMS = ("slem", "tli", "slrs")
+T07 = dict(temperature=0.7, top_k=5)
+ALPHA, REJECT = 1e-3, 1e-6
+
+
+def _ids(pair, text):
+    return pair.target_tokenizer(text, return_tensors="pt").input_ids
+
+
+def _hetspec(pair, ids, drafter=None, **kwargs):
+    hf_hetspec.enable(pair.target)
+    out = pair.target.generate(ids, assistant_model=drafter or pair.drafter, tokenizer=pair.target_tokenizer,
+                               assistant_tokenizer=pair.drafter_tokenizer, **kwargs)
+    return out, hf_hetspec.last_stats(pair.target)
+
+
+def _plain(pair, ids, **kwargs):
+    return type(pair.target).generate(pair.target, ids, **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("drafter_runtime", RUNTIMES)
+def test_greedy_output_equals_the_target_alone_with_every_runtime(toy_pair, drafter_runtime, algorithm):
+    ids = _ids(toy_pair, "the cat sat")
+    out, stats = _hetspec(toy_pair, ids, hetspec_algorithm=algorithm, hetspec_drafter=drafter_runtime,
+                          max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, _plain(toy_pair, ids, max_new_tokens=24, do_sample=False))
+    assert stats.drafter_runtime == drafter_runtime
+    assert stats.accepted_tokens > 0
+
+
+def test_int8_drafter_prunes_its_quantized_head_for_tli_and_stays_exact(real_pair):
+    """Gemma-3's 262,144-row LM head, quantized, is restricted to the intersection's rows (PrunedHead on the
+    int8 copy): the pruned logits are the full head's rows, and greedy TLI equals the target alone."""
+    pair = real_pair("qwen2.5-coder", "gemma3")
+    ids = _ids(pair, "def add(a, b):")
+    out, stats = _hetspec(pair, ids, hetspec_algorithm="tli", hetspec_drafter="int8", max_new_tokens=12,
+                          do_sample=False)
+    assert torch.equal(out, _plain(pair, ids, max_new_tokens=12, do_sample=False))
+    assert stats.drafter_runtime == "int8" and 0 < stats.drafter_head_rows < len(pair.drafter_tokenizer)
+
+    copy_ = runtime.prepare_drafter(pair.drafter, "int8").model
+    rows = torch.arange(0, len(pair.drafter_tokenizer), 3)
+    head = hf_hetspec.drafter.PrunedHead.build(copy_, rows, len(pair.drafter_tokenizer))
+    assert head is not None
+    feed = torch.tensor([[5, 17, 300]])
+    with torch.no_grad():  # the head quantizes its input rows together: the last one alone, as in drafting
+        full = copy_(input_ids=feed, logits_to_keep=1).logits[:, -1]
+        pruned = head(feed, hf_hetspec.drafter.DynamicCache())
+    torch.testing.assert_close(pruned, full[:, rows], rtol=1e-4, atol=1e-4)
+
+
+# SLEM hands verification no q (exact match): its greedy test says most; TLI's q and SLRS's psi run by default
+@pytest.mark.parametrize("algorithm", [pytest.param("slem", marks=pytest.mark.slow), "tli", "slrs"])
+def test_sampling_with_the_int8_drafter_is_lossless(toy_pair, algorithm):
+    ids = _ids(toy_pair, "the")
+    expected = exact_target_distribution(toy_pair.target, ids, 2, **T07)
+    sampler = hetspec_sampler(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
+                              toy_pair.drafter_tokenizer, ids, algorithm, 2, hetspec_drafter="int8", **T07)
+    report = check_lossless(expected, sample_outcomes(sampler, 400, seed=0), ALPHA)
+    print(report)
+    assert report.num_bins >= 3 and report.passed, str(report)
+    assert sampler.accepted_tokens > 0
+
+
+def _sharpen_head(model):
+    """A "runtime" whose copy's logits are exactly 4x the original's: the LM head (untied from the embedding,
+    in the copy only) scaled by 4."""
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach() * 4.0, requires_grad=False)
+
+
+def _tli_report(pair, drafter, n=400):
+    ids = _ids(pair, "the")
+    setting = dict(temperature=1.0, top_k=5)
+    expected = exact_target_distribution(pair.target, ids, 2, **setting)
+    sampler = hetspec_sampler(pair.target, drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids, "tli",
+                              2, hetspec_drafter="int8", **setting)
+    return check_lossless(expected, sample_outcomes(sampler, n, seed=0), ALPHA)
+
+
+def test_q_comes_from_the_copy_and_the_harness_rejects_q_of_the_original(toy_pair, monkeypatch):
+    monkeypatch.setattr(runtime, "_quantize_int8", _sharpen_head)
+    drafter = copy.deepcopy(toy_pair.drafter)  # its own cache entry: no int8 copy made by another test
+    report = _tli_report(toy_pair, drafter)
+    print(report)
+    assert report.passed, str(report)
+
+    def select_but_verify_with_the_original(self, logits):
+        """BROKEN: draft from the copy's q, hand verification the original drafter's q (logits / 4)."""
+        column = torch.multinomial(self.drafter_distribution(logits), 1, generator=self.generator)
+        return column, self.drafter_distribution(logits / 4.0)
+
+    monkeypatch.setattr(TLIProposer, "select", select_but_verify_with_the_original)
+    broken = _tli_report(toy_pair, drafter)
+    print(broken)
+    assert broken.p_value < REJECT, str(broken)
+
+
+def test_the_users_drafter_is_never_changed_and_the_copy_is_cached(toy_pair):
+    drafter = copy.deepcopy(toy_pair.drafter).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    config = drafter.generation_config.to_dict()
+    ids = _ids(toy_pair, "the cat")
+    _, first = _hetspec(toy_pair, ids, drafter=drafter, hetspec_drafter="int8", max_new_tokens=8,
+                        do_sample=False)
+    _, second = _hetspec(toy_pair, ids, drafter=drafter, hetspec_drafter="int8", max_new_tokens=8,
+                         do_sample=False)
+    after = drafter.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.dtype == torch.bfloat16 for p in drafter.parameters())
+    assert drafter.generation_config.to_dict() == config
+    assert first.drafter_prepare_s > 0 and second.drafter_prepare_s == 0.0
+    assert 0 < first.drafter_memory_bytes == second.drafter_memory_bytes
+    assert runtime.prepare_drafter(drafter, "int8").model is runtime.prepare_drafter(drafter, "int8").model
+
+    with torch.no_grad():  # a changed drafter gets a new copy
+        drafter.get_input_embeddings().weight.mul_(1.5)
+    assert runtime.prepare_drafter(drafter, "int8").prepare_s > 0
+
+    assert drafter in runtime._PREPARED
+    del drafter
+    gc.collect()
+    assert not any(model.dtype == torch.bfloat16 for model in runtime._PREPARED)  # the cache let it go
+
+
+def test_int8_copy_is_smaller_than_the_float32_copy(toy_pair):
+    drafter = copy.deepcopy(toy_pair.drafter)
+    float32 = runtime.prepare_drafter(drafter.to(torch.bfloat16), "float32")
+    int8 = runtime.prepare_drafter(drafter, "int8")
+    assert float32.model is not drafter and 0 < int8.memory_bytes < float32.memory_bytes
+    assert runtime.prepare_drafter(float32.model, "float32").model is float32.model  # float32: no copy
+
+
+def test_auto_keeps_tiny_drafters_eager_and_quantizes_large_ones_on_cpu(toy_pair, monkeypatch):
+    assert runtime.resolve_runtime(toy_pair.drafter, "auto") == ("eager", "")
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)
+    assert runtime.resolve_runtime(toy_pair.drafter, "auto") == ("int8", "")
+    monkeypatch.setattr(runtime, "_quantized_engine", lambda: None)
+    resolved, note = runtime.resolve_runtime(toy_pair.drafter, "auto")
+    assert resolved == "eager" and "int8" in note
+    with pytest.raises(ValueError, match="hetspec_drafter='int8'.*'auto' or 'eager'"):
+        runtime.resolve_runtime(toy_pair.drafter, "int8")
+
+
+@pytest.mark.parametrize("value", ["compiled", "INT8", 8, None])
+def test_unknown_runtime_is_refused_before_any_work(toy_pair, value):
+    counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
+    try:
+        with pytest.raises(ValueError, match=r"hetspec_drafter=.*use one of auto, eager, float32, int8"):
+            _hetspec(toy_pair, _ids(toy_pair, "the"), hetspec_drafter=value, max_new_tokens=4) if value else \
+                runtime.prepare_drafter(toy_pair.drafter, value)
+    finally:
+        counter.close()
+    assert counter.count == 0
+
+
+def test_runtime_without_a_drafter_is_refused(toy_pair):
+    hf_hetspec.enable(toy_pair.target)
+    with pytest.raises(ValueError, match="hetspec_drafter.*without `assistant_model`"):
+        toy_pair.target.generate(_ids(toy_pair, "the"), hetspec_drafter="int8", max_new_tokens=2)
+
+
+def test_stats_report_the_drafter_step_and_the_cost_ratio(toy_pair):
+    _, stats = _hetspec(toy_pair, _ids(toy_pair, "the cat"), hetspec_algorithm="slem",
+                        hetspec_drafter="eager", max_new_tokens=16, do_sample=False)
+    assert stats.drafter_step_s == pytest.approx(stats.drafter_s / stats.drafter_forwards)
+    assert stats.target_step_s == pytest.approx(stats.target_s / stats.target_forwards)
+    assert stats.cost_ratio > 0
+    assert stats.cost_ratio == pytest.approx(stats.drafter_step_s / stats.target_step_s)
+    record = stats.as_dict()
+    assert {"drafter_runtime", "drafter_memory_bytes", "drafter_prepare_s", "cost_ratio"} <= record.keys()
+    assert "eager drafter c=" in stats.summary()
+
+
+def test_a_drafter_whose_int8_copy_does_not_run_stays_eager_under_auto(monkeypatch):
+    """transformers' Mamba mixers read ``dt_proj.weight`` as a tensor, which an int8 layer does not have:
+    'auto' falls back to the drafter as loaded (with a note), 'int8' is refused, nothing is retried."""
+    from hf_hetspec.testing.architectures import tiny_model
+
+    tokenizer = toy.byte_level_bpe_tokenizer()
+    drafter = tiny_model("mamba", len(tokenizer) + 8, toy._special_ids(tokenizer), seed=1)
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)
+    prepared = runtime.prepare_drafter(drafter, "auto")
+    assert prepared.model is drafter and prepared.runtime == "eager"
+    assert "int8 drafter unavailable" in prepared.note
+    assert runtime.prepare_drafter(drafter, "auto").prepare_s == 0.0  # the failed copy is not made again
+    with pytest.raises(ValueError, match="hetspec_drafter='int8': this drafter does not run with int8"):
+        runtime.prepare_drafter(drafter, "int8")
