@@ -27,9 +27,12 @@ from functools import cached_property
 from transformers import PreTrainedTokenizerBase
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from .boundary import TextBoundaries, encode_after, probe_text_boundaries
+
 #: A SentencePiece byte-fallback token, ``<0xNN>``: it spells the one byte ``NN``.
 BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _UNICODE_TO_BYTE = {ch: b for b, ch in bytes_to_unicode().items()}
+_SPACES = (b" ", b"\n", b"\t", b"\r")
 
 
 def _decoder_kind(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -165,6 +168,12 @@ class Vocabulary:
     def fingerprint(self) -> tuple:
         """Hashable identity of the id -> bytes map plus the special ids (used to compare vocabularies)."""
         return (tuple(self.token_bytes), tuple(sorted(self.special_ids)))
+
+    @cached_property
+    def text_boundaries(self) -> TextBoundaries:
+        """How the tokenizer encodes the start of a text (dummy prefix, ``add_prefix_space``), probed once
+        per table by :func:`~hf_hetspec.boundary.probe_text_boundaries`."""
+        return probe_text_boundaries(self)
 
     @cached_property
     def bos_prefix(self) -> tuple[int, ...]:
@@ -370,12 +379,28 @@ class TextWindowConverter:
             if context_ids[j] in special:
                 return j + 1
         tb = self.vocab.token_bytes
+        # a window that starts inside a word is encoded as if the word started there: widen it to the
+        # word's start (by at most `window` more tokens)
+        limit = max(floor, start - self.window)
+        while start > limit and not self._starts_word(context_ids, start) and context_ids[start - 1] not in special:
+            start -= 1
         # a window that starts inside a character cannot be decoded to text; widen it
         while start > floor and tb[context_ids[start]][:1] and (tb[context_ids[start]][0] & 0xC0) == 0x80:
             if context_ids[start - 1] in special:
                 break
             start -= 1
         return start
+
+    def _starts_word(self, context_ids: list[int], j: int) -> bool:
+        """Whether the token ``context_ids[j]`` starts with white space or follows a token that ends with it."""
+        tb = self.vocab.token_bytes
+        return tb[context_ids[j]][:1] in _SPACES or tb[context_ids[j - 1]][-1:] in _SPACES
+
+    def _encode_after(self, context_ids: list[int], start: int, text: str) -> list[int]:
+        """``text`` encoded as the tokenizer encodes it after ``context_ids[:start]``
+        (:func:`~hf_hetspec.boundary.encode_after`; plainly when no probed way fits)."""
+        ids = encode_after(self.vocab, context_ids, start, text)
+        return self.vocab.encode(text) if ids is None else ids
 
     def continuation(self, context_ids: list[int], new_text: str) -> list[int]:
         """Token ids continuing ``context_ids`` with ``new_text``.
@@ -391,26 +416,26 @@ class TextWindowConverter:
         if not new_text:
             return []
         start = self.window_start(context_ids)
-        win = context_ids[start:]
-        win_bytes = self.vocab.ids_to_bytes(win)
+        win_bytes = self.vocab.ids_to_bytes(context_ids[start:])
         try:
             win_text = win_bytes.decode("utf-8")
         except UnicodeDecodeError:
-            win_text, win_bytes = "", b""
-        ids = self.vocab.encode(win_text + new_text)
+            start, win_text, win_bytes = len(context_ids), "", b""
+        ids = self._encode_after(context_ids, start, win_text + new_text)
         tb = self.vocab.token_bytes
         pos, target = 0, len(win_bytes)
         for i, tok in enumerate(ids):
-            if pos == target:
-                return ids[i:]
-            pos += len(tb[tok])
-            if pos > target:
+            if pos >= target:
                 break
-        if pos == target:
-            return []
-        # A token of the encoding straddles the window boundary: the canonical tokenization would merge
-        # across it, which the fixed context cannot do. Encode the new text on its own.
-        return self.vocab.encode(new_text)
+            pos += len(tb[tok])
+        else:
+            i = len(ids)
+        if pos == target and self.vocab.ids_to_bytes(ids[:i]) == win_bytes:
+            return ids[i:]
+        # A token of the encoding straddles the window boundary (the canonical tokenization would merge
+        # across it, which the fixed context cannot do), or the window was not spelled back: encode the
+        # new text on its own, as text that continues the context.
+        return self._encode_after(context_ids, len(context_ids), new_text)
 
     def resync(self, context_ids: list[int], keep: int, new_text: str, floor: int = 0) -> tuple[int, list[int]]:
         """Re-tokenize ``context_ids[:keep]`` + ``new_text``, allowed to replace the last window tokens.
@@ -426,11 +451,14 @@ class TextWindowConverter:
             return keep, []
         start = self.window_start(context_ids, keep, floor)
         win = context_ids[start:keep]
+        win_bytes = self.vocab.ids_to_bytes(win)
         try:
-            win_text = self.vocab.ids_to_bytes(win).decode("utf-8")
+            win_text = win_bytes.decode("utf-8")
         except UnicodeDecodeError:
-            return keep, self.vocab.encode(new_text)
-        ids = self.vocab.encode(win_text + new_text)
+            return keep, self._encode_after(context_ids, keep, new_text)
+        ids = self._encode_after(context_ids, start, win_text + new_text)
+        if not self.vocab.ids_to_bytes(ids).startswith(win_bytes):  # the window was not spelled back
+            return keep, self._encode_after(context_ids, keep, new_text)
         same = 0
         while same < len(win) and same < len(ids) and ids[same] == win[same]:
             same += 1
