@@ -219,7 +219,10 @@ def convert_prompt(source: Vocabulary, dest: Vocabulary, source_ids: list[int]) 
     """A prompt given in ``source`` token ids, in ``dest`` token ids (the default drafter prompt).
 
     * Runs of ordinary tokens become their text, encoded by ``dest`` as plain text
-      (:meth:`Vocabulary.encode`): a special-token *string* typed in the prompt stays characters.
+      (:meth:`Vocabulary.encode`): a special-token *string* typed in the prompt stays characters. A
+      dummy-prefix space that the source tokenizer put before the text (Llama-2's ``▁``) is dropped, and
+      ``dest`` puts its own where it would in the whole text
+      (:func:`~hf_hetspec.boundary.encode_after`).
     * A special token becomes the ``dest`` special token with the same content where ``dest`` has one
       (ChatML's ``<|im_start|>`` / ``<|im_end|>`` between Qwen2.5 and SmolLM2); else the source's BOS (by
       role) is dropped (``dest`` gets its own prefix, below) and any other special token becomes its
@@ -246,10 +249,15 @@ def convert_prompt(source: Vocabulary, dest: Vocabulary, source_ids: list[int]) 
     source_bos = source.tokenizer.bos_token_id
     ids = list(dest.bos_prefix)
     run: list[int] = []
+    # what the source tokenizer put before the run's text (its dummy prefix ▁): no part of the text
+    lead = source.text_boundaries.start_lead
 
     def flush() -> None:
         if run:
-            ids.extend(dest.encode(source.ids_to_bytes(run).decode("utf-8", errors="replace")))
+            text = source.ids_to_bytes(run).decode("utf-8", errors="replace")
+            text = text[len(lead):] if lead and text.startswith(lead) else text
+            converted = encode_after(dest, ids, len(ids), text, spelled_lead=False)
+            ids.extend(dest.encode(text) if converted is None else converted)
             run.clear()
 
     for s_id in source_ids:
@@ -259,10 +267,12 @@ def convert_prompt(source: Vocabulary, dest: Vocabulary, source_ids: list[int]) 
         d_id = by_content.get(source.token_bytes[s_id])
         if d_id is not None:
             flush()
+            lead = source.text_boundaries.special_lead or ""
             if not (ids == list(dest.bos_prefix) == [d_id]):  # the prefix already is this BOS
                 ids.append(d_id)
         elif s_id == source_bos:
             flush()
+            lead = source.text_boundaries.start_lead
         else:
             run.append(s_id)  # its content, as text
     flush()
@@ -396,10 +406,11 @@ class TextWindowConverter:
         tb = self.vocab.token_bytes
         return tb[context_ids[j]][:1] in _SPACES or tb[context_ids[j - 1]][-1:] in _SPACES
 
-    def _encode_after(self, context_ids: list[int], start: int, text: str) -> list[int]:
+    def _encode_after(self, context_ids: list[int], start: int, text: str, window: bool) -> list[int]:
         """``text`` encoded as the tokenizer encodes it after ``context_ids[:start]``
-        (:func:`~hf_hetspec.boundary.encode_after`; plainly when no probed way fits)."""
-        ids = encode_after(self.vocab, context_ids, start, text)
+        (:func:`~hf_hetspec.boundary.encode_after`; plainly when no probed way fits). ``window``: ``text``
+        starts with the bytes of context tokens (which spell the tokenizer's lead, if any)."""
+        ids = encode_after(self.vocab, context_ids, start, text, spelled_lead=window)
         return self.vocab.encode(text) if ids is None else ids
 
     def continuation(self, context_ids: list[int], new_text: str) -> list[int]:
@@ -421,7 +432,7 @@ class TextWindowConverter:
             win_text = win_bytes.decode("utf-8")
         except UnicodeDecodeError:
             start, win_text, win_bytes = len(context_ids), "", b""
-        ids = self._encode_after(context_ids, start, win_text + new_text)
+        ids = self._encode_after(context_ids, start, win_text + new_text, bool(win_bytes))
         tb = self.vocab.token_bytes
         pos, target = 0, len(win_bytes)
         for i, tok in enumerate(ids):
@@ -435,7 +446,7 @@ class TextWindowConverter:
         # A token of the encoding straddles the window boundary (the canonical tokenization would merge
         # across it, which the fixed context cannot do), or the window was not spelled back: encode the
         # new text on its own, as text that continues the context.
-        return self._encode_after(context_ids, len(context_ids), new_text)
+        return self._encode_after(context_ids, len(context_ids), new_text, False)
 
     def resync(self, context_ids: list[int], keep: int, new_text: str, floor: int = 0) -> tuple[int, list[int]]:
         """Re-tokenize ``context_ids[:keep]`` + ``new_text``, allowed to replace the last window tokens.
@@ -455,10 +466,10 @@ class TextWindowConverter:
         try:
             win_text = win_bytes.decode("utf-8")
         except UnicodeDecodeError:
-            return keep, self._encode_after(context_ids, keep, new_text)
-        ids = self._encode_after(context_ids, start, win_text + new_text)
+            return keep, self._encode_after(context_ids, keep, new_text, False)
+        ids = self._encode_after(context_ids, start, win_text + new_text, bool(win))
         if not self.vocab.ids_to_bytes(ids).startswith(win_bytes):  # the window was not spelled back
-            return keep, self._encode_after(context_ids, keep, new_text)
+            return keep, self._encode_after(context_ids, keep, new_text, False)
         same = 0
         while same < len(win) and same < len(ids) and ids[same] == win[same]:
             same += 1

@@ -129,7 +129,8 @@ def encode_inside(vocab: Vocabulary, text: str) -> list[int] | None:
     return None
 
 
-def encode_after(vocab: Vocabulary, context_ids: list[int], start: int, text: str) -> list[int] | None:
+def encode_after(vocab: Vocabulary, context_ids: list[int], start: int, text: str,
+                 spelled_lead: bool = True) -> list[int] | None:
     """Ids of ``text`` as the tokenizer encodes it after ``context_ids[:start]``.
 
     ``text`` usually begins with the bytes of context tokens ``context_ids[start:]`` (a window) and the
@@ -141,6 +142,9 @@ def encode_after(vocab: Vocabulary, context_ids: list[int], start: int, text: st
       puts it back.
     * it ends with a special token: as above with the lead the tokenizer puts after a special token.
     * otherwise: after an anchor (:func:`encode_inside`).
+
+    With ``spelled_lead=False`` ``text`` is plain text (a prompt's), not the bytes of context tokens: it is
+    encoded as it stands, and the tokenizer puts its lead before it where it would in the whole text.
 
     Args:
         vocab: byte table of the tokenizer.
@@ -164,6 +168,6 @@ def encode_after(vocab: Vocabulary, context_ids: list[int], start: int, text: st
             return encode_inside(vocab, text) if lead == "" else None
     else:
         return encode_inside(vocab, text)
-    if lead and text.startswith(lead):
+    if spelled_lead and lead and text.startswith(lead):
         text = text[len(lead):]
     return vocab.encode(text)
