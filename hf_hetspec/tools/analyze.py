@@ -18,7 +18,12 @@
   non-injective tokenizers): the fraction of spans of ``SPAN_TOKENS`` consecutive token ids of the
   tokenizer's own encoding that come back unchanged from ``encode(decode(span))``. SLEM and SLRS move text,
   not ids, between the vocabularies; a span that does not survive is one where the same text has another
-  tokenization.
+  tokenization;
+* the conversion agreement rate of each tokenizer on sample text
+  (:func:`hf_hetspec.agreement.conversion_agreement`): the share of token boundaries where converting the
+  next tokens' text through a window of known context -- what SLEM does for the target and every
+  algorithm does for the drafter -- gives the tokens the tokenizer gives the whole text. A low rate means
+  SLEM's drafts are rejected although the drafter guessed the text right.
 
 :func:`recommend` turns an analysis into an algorithm and a lookahead, by a fixed rule (its docstring).
 
@@ -36,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from ..agreement import conversion_agreement
 from ..alignment import vocabulary
 from ..intersection import VocabularyIntersection, intersection_for
 from ..plan import choose_algorithm, choose_schedule
@@ -256,6 +262,9 @@ class PairAnalysis:
         target_spans, drafter_spans: spans those rates are over.
         span_tokens: ids per span.
         texts: source ids of the sample texts.
+        target_conversion, drafter_conversion: conversion agreement rate of each tokenizer
+            (:func:`hf_hetspec.agreement.conversion_agreement`); ``None`` when not measured.
+        target_conversion_boundaries, drafter_conversion_boundaries: boundaries those rates are over.
         parameter_ratio: drafter parameters / target parameters (a proxy for the cost ratio of one drafter
             step to one target step on memory-bound hardware); ``None`` without both models.
     """
@@ -281,6 +290,10 @@ class PairAnalysis:
     drafter_positions: int = 0
     parameter_ratio: float | None = None
     texts: list[str] = field(default_factory=list)
+    target_conversion: float | None = None
+    drafter_conversion: float | None = None
+    target_conversion_boundaries: int = 0
+    drafter_conversion_boundaries: int = 0
 
     @property
     def drafter_share(self) -> float:
@@ -325,6 +338,9 @@ class PairAnalysis:
              + (f" ({self.drafter_positions} positions)" if self.drafter_positions else "")),
             (f"re-tokenization injectivity ({self.span_tokens}-token spans): target {self.target_roundtrip:.2%} "
              f"of {self.target_spans}, drafter {self.drafter_roundtrip:.2%} of {self.drafter_spans}"),
+            (f"text conversion agrees with whole-text encoding: target {pct(self.target_conversion)} of "
+             f"{self.target_conversion_boundaries} boundaries, drafter {pct(self.drafter_conversion)} of "
+             f"{self.drafter_conversion_boundaries}"),
         ]
         for mode, do_sample in (("greedy", False), ("sampling", True)):
             algorithm, lookahead, reason = recommend(self, do_sample)
@@ -381,6 +397,14 @@ def analyze_pair(target_tokenizer, drafter_tokenizer, *, target_model=None, text
         drafter_spans=d_spans,
         texts=names,
     )
+    target_conversion = conversion_agreement(target_vocab, texts)
+    drafter_conversion = conversion_agreement(drafter_vocab, texts)
+    if target_conversion.boundaries:
+        analysis.target_conversion = target_conversion.rate
+        analysis.target_conversion_boundaries = target_conversion.boundaries
+    if drafter_conversion.boundaries:
+        analysis.drafter_conversion = drafter_conversion.rate
+        analysis.drafter_conversion_boundaries = drafter_conversion.boundaries
     if target_model is not None:
         shared = (inter.target_to_drafter >= 0).nonzero().flatten()
         d2t = hf["drafter_to_target"]

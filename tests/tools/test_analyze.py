@@ -245,3 +245,18 @@ def test_required_alpha_inverts_the_formula():
     assert required_alpha(7.0, 0.165) is None  # (k + 1) / (k c + 1) < 1 / c ~ 6.1 for every k
     with pytest.raises(ValueError, match="cost_ratio"):
         required_alpha(2.0, -0.1)
+
+
+def test_conversion_agreement_reported_for_both_tokenizers(monkeypatch):
+    """A dummy-prefix target (Llama-2 style) converts exactly now; the former conversion shows as a low rate."""
+    from hf_hetspec.testing.families import family_tokenizer
+
+    target_tok, drafter_tok = family_tokenizer("llama2"), family_tokenizer("qwen")
+    analysis = analyze_pair(target_tok, drafter_tok, texts=list(toy.TOY_CORPUS[:3]))
+    assert analysis.target_conversion == analysis.drafter_conversion == 1.0
+    assert analysis.target_conversion_boundaries > 100 and analysis.drafter_conversion_boundaries > 100
+    assert "text conversion agrees with whole-text encoding: target 100.00%" in analysis.summary()
+    assert analysis.as_dict()["target_conversion"] == 1.0
+    monkeypatch.setattr("hf_hetspec.alignment.encode_after", lambda *args, **kwargs: None)
+    broken = analyze_pair(family_tokenizer("llama2"), drafter_tok, texts=list(toy.TOY_CORPUS[:3]))
+    assert broken.target_conversion < 0.1
