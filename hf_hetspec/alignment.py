@@ -358,8 +358,11 @@ class TextWindowConverter:
     ``continuation(context_ids, new_bytes)`` returns token ids ``c`` such that the bytes of
     ``context_ids + c`` are the bytes of ``context_ids`` followed by ``new_bytes``, tokenized the way the
     tokenizer tokenizes the window text plus the new text. The window is the last ``window`` tokens of the
-    context, extended backwards until its bytes start on a character boundary, and cut after the last
-    special token of the context. New text is always encoded as plain text
+    context, extended backwards to the start of a word (by at most ``window`` more tokens) and until its
+    bytes start on a character boundary, and cut after the last special token of the context. It is
+    encoded as the tokenizer encodes it inside the whole text (:func:`~hf_hetspec.boundary.encode_after`:
+    no dummy-prefix ``▁`` or ``add_prefix_space`` space before it, probed once per tokenizer), so the
+    result is the whole-text encoding for every tokenizer family (issue #16). New text is always encoded as plain text
     (:meth:`Vocabulary.encode` with ``parse_special=False``): a literal ``"<|im_end|>"`` that a model
     generated or a user typed stays characters and never becomes a control token on the other side.
 

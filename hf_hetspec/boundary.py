@@ -32,7 +32,7 @@ ANCHORS = ("\n", "\ue000", ".")
 PROBE_TEXTS = ("the", " the", "x", "1")
 
 
-class Vocabulary(Protocol):
+class TokenTable(Protocol):
     """What this module reads of :class:`hf_hetspec.alignment.Vocabulary` (which imports this module)."""
 
     token_bytes: list[bytes]
@@ -74,7 +74,7 @@ def _lead(spelled: bytes, text: str) -> str:
         return ""
 
 
-def _after_special(vocab: Vocabulary, special_id: int, text: str) -> list[int] | None:
+def _after_special(vocab: TokenTable, special_id: int, text: str) -> list[int] | None:
     """``text`` encoded after the special token ``special_id`` (its content parsed as that token), or
     ``None`` when the tokenizer does not give that token back first. Only for known texts: it parses
     special-token strings in ``text`` too."""
@@ -83,7 +83,7 @@ def _after_special(vocab: Vocabulary, special_id: int, text: str) -> list[int] |
     return ids[1:] if ids[:1] == [special_id] else None
 
 
-def probe_text_boundaries(vocab: Vocabulary) -> TextBoundaries:
+def probe_text_boundaries(vocab: TokenTable) -> TextBoundaries:
     """Probe how ``vocab``'s tokenizer encodes the start of a text (a few dozen short encodes, ~ms).
 
     Raises:
@@ -105,7 +105,7 @@ def probe_text_boundaries(vocab: Vocabulary) -> TextBoundaries:
     return TextBoundaries(start_lead, special_lead, tuple(anchors))
 
 
-def _keeps(vocab: Vocabulary, anchor: str, anchor_ids: tuple[int, ...], text: str) -> bool:
+def _keeps(vocab: TokenTable, anchor: str, anchor_ids: tuple[int, ...], text: str) -> bool:
     """Whether ``text`` after ``anchor`` encodes to the anchor's own ids and then exactly ``text``'s bytes."""
     ids = _strip_anchor(anchor_ids, vocab.encode(anchor + text))
     return ids is not None and vocab.ids_to_bytes(ids) == text.encode("utf-8")
@@ -116,7 +116,7 @@ def _strip_anchor(anchor_ids: tuple[int, ...], ids: list[int]) -> list[int] | No
     return ids[n:] if tuple(ids[:n]) == anchor_ids else None
 
 
-def encode_inside(vocab: Vocabulary, text: str) -> list[int] | None:
+def encode_inside(vocab: TokenTable, text: str) -> list[int] | None:
     """Ids of ``text`` as the tokenizer encodes it inside a longer text, after a line break (no lead).
 
     Returns:
@@ -129,7 +129,7 @@ def encode_inside(vocab: Vocabulary, text: str) -> list[int] | None:
     return None
 
 
-def encode_after(vocab: Vocabulary, context_ids: list[int], start: int, text: str,
+def encode_after(vocab: TokenTable, context_ids: list[int], start: int, text: str,
                  spelled_lead: bool = True) -> list[int] | None:
     """Ids of ``text`` as the tokenizer encodes it after ``context_ids[:start]``.
 
