@@ -362,7 +362,8 @@ class TextWindowConverter:
     bytes start on a character boundary, and cut after the last special token of the context. It is
     encoded as the tokenizer encodes it inside the whole text (:func:`~hf_hetspec.boundary.encode_after`:
     no dummy-prefix ``▁`` or ``add_prefix_space`` space before it, probed once per tokenizer), so the
-    result is the whole-text encoding for every tokenizer family (issue #16). New text is always encoded as plain text
+    result is the whole-text encoding for every tokenizer family (issue #16). New
+    text is always encoded as plain text
     (:meth:`Vocabulary.encode` with ``parse_special=False``): a literal ``"<|im_end|>"`` that a model
     generated or a user typed stays characters and never becomes a control token on the other side.
 
@@ -395,7 +396,9 @@ class TextWindowConverter:
         # a window that starts inside a word is encoded as if the word started there: widen it to the
         # word's start (by at most `window` more tokens)
         limit = max(floor, start - self.window)
-        while start > limit and not self._starts_word(context_ids, start) and context_ids[start - 1] not in special:
+        while start > limit and not self._starts_word(context_ids, start):
+            if context_ids[start - 1] in special:
+                break
             start -= 1
         # a window that starts inside a character cannot be decoded to text; widen it
         while start > floor and tb[context_ids[start]][:1] and (tb[context_ids[start]][0] & 0xC0) == 0x80:
@@ -405,7 +408,7 @@ class TextWindowConverter:
         return start
 
     def _starts_word(self, context_ids: list[int], j: int) -> bool:
-        """Whether the token ``context_ids[j]`` starts with white space or follows a token that ends with it."""
+        """Whether ``context_ids[j]`` starts with white space or follows a token that ends with it."""
         tb = self.vocab.token_bytes
         return tb[context_ids[j]][:1] in _SPACES or tb[context_ids[j - 1]][-1:] in _SPACES
 

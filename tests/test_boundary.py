@@ -36,7 +36,8 @@ FRAGMENTS = (
 texts = st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=10).map("".join)
 
 #: Mistral's SentencePiece models (Llama-2 layout, dummy prefix ▁) inside the mistral_common wheel.
-MISTRAL_MODELS = {"mistral-v1": "tokenizer.model.v1", "mistral-v3": "mistral_instruct_tokenizer_240323.model.v3"}
+MISTRAL_MODELS = {"mistral-v1": "tokenizer.model.v1",
+                  "mistral-v3": "mistral_instruct_tokenizer_240323.model.v3"}
 REAL_NAMES = ("qwen2.5-coder", "smollm2", "gemma3")
 
 
@@ -93,7 +94,8 @@ def any_tokenizer(real_tokenizer, mistral_tokenizer):
     return load
 
 
-ALL_NAMES = FAMILIES + REAL_NAMES + tuple(f"{m}:{kind}" for m in MISTRAL_MODELS for kind in ("legacy", "nonlegacy"))
+ALL_NAMES = FAMILIES + REAL_NAMES + tuple(f"{model}:{kind}" for model in MISTRAL_MODELS
+                                          for kind in ("legacy", "nonlegacy"))
 
 
 def _check_conversion(vocab: Vocabulary, context: str, new: str, before: str) -> None:

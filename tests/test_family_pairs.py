@@ -48,8 +48,9 @@ def _acceptance(family_model, target_family: str, drafter_family: str, algorithm
         reference = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         hf_hetspec.enable(target)
         try:
-            out = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, assistant_model=drafter,
-                                  tokenizer=target_tok, assistant_tokenizer=drafter_tok, hetspec_algorithm=algorithm)
+            out = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                  assistant_model=drafter, tokenizer=target_tok,
+                                  assistant_tokenizer=drafter_tok, hetspec_algorithm=algorithm)
             stats = hf_hetspec.last_stats(target)
         finally:
             hf_hetspec.disable(target)
@@ -88,7 +89,8 @@ def test_every_family_drafts_as_well_as_a_byte_level_pair(family_model, referenc
     _check_pair(family_model, reference_acceptance, *pair, near_reference=not lowercasing_drafter)
 
 
-def test_without_the_probe_a_dummy_prefix_target_rejects_slem_drafts(monkeypatch, family_model, reference_acceptance):
+def test_without_the_probe_a_dummy_prefix_target_rejects_slem_drafts(monkeypatch, family_model,
+                                                                      reference_acceptance):
     """The check above has power: with the former conversion (windows encoded as text starts) the same pair
     stays exact but accepts almost none of SLEM's drafts (issue #16 measured 2.7 % on real pairs)."""
     monkeypatch.setattr("hf_hetspec.alignment.encode_after", lambda *args, **kwargs: None)

@@ -7,8 +7,10 @@ second):
 
 * ``gpt2`` -- GPT-2 / GPT-NeoX / StarCoder2: ``ByteLevel`` with its own regex (digit runs, punctuation runs).
 * ``gpt2-prefix-space`` -- the same with ``add_prefix_space=True`` (a space is put before every text).
-* ``tiktoken`` -- Llama-3 / Command-R / Mistral tekken: a ``Split`` regex with 3-digit groups, then ``ByteLevel``.
-* ``punct-digits`` -- Falcon / DeepSeek style: ``Punctuation`` and single ``Digits`` splits before ``ByteLevel``.
+* ``tiktoken`` -- Llama-3 / Command-R / Mistral tekken: a ``Split`` regex with 3-digit groups, then
+  ``ByteLevel``.
+* ``punct-digits`` -- Falcon / DeepSeek style: ``Punctuation`` and single ``Digits`` splits before
+  ``ByteLevel``.
 * ``nfkc-bytelevel`` -- an ``NFKC`` normalizer before the GPT-2 pipeline.
 * ``added-tokens`` -- ``gpt2`` plus added tokens that are *not* special (``<think>``, an indentation run).
 * ``llama2`` -- Llama-2 / Mistral v0.1-v0.3 / Phi-3 / TinyLlama (``legacy=True``): a dummy prefix ``▁`` put
@@ -47,12 +49,13 @@ _NON_SPECIAL_ADDED = ("<think>", "</think>", "        ")
 
 
 def _byte_level(family: str) -> PreTrainedTokenizerFast:
-    """A byte-level BPE of one of the byte-level families, ``<|endoftext|>`` (special) after the vocabulary."""
+    """A byte-level BPE of a byte-level family, ``<|endoftext|>`` (special) after the vocabulary."""
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=family == "gpt2-prefix-space", use_regex=True)
     if family == "tiktoken":
         split = pre_tokenizers.Split(Regex(_TIKTOKEN_REGEX), behavior="isolated")
-        byte_level = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        byte_level = pre_tokenizers.Sequence([split, bytes_only])
     elif family == "punct-digits":
         byte_level = pre_tokenizers.Sequence(
             [pre_tokenizers.Punctuation(), pre_tokenizers.Digits(individual_digits=True), byte_level]
@@ -74,7 +77,7 @@ def _byte_level(family: str) -> PreTrainedTokenizerFast:
 
 
 def _sentencepiece_normalizer(family: str):
-    """The normalizer of a SentencePiece family (``None`` where a ``Metaspace`` pre-tokenizer does the work)."""
+    """The normalizer of a SentencePiece family (``None`` where ``Metaspace`` pre-tokenizes)."""
     if family in ("llama2-nonlegacy", "metaspace-always"):
         return None
     steps = [normalizers.Prepend(_SP_SPACE), normalizers.Replace(" ", _SP_SPACE)]
@@ -89,7 +92,7 @@ def _sentencepiece(family: str) -> PreTrainedTokenizerFast:
     corpus = [doc.lower() for doc in toy.TOY_CORPUS] if lowercase else toy.TOY_CORPUS
     # merges learned word by word (as SentencePiece does), so no piece joins two words
     trainer_tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SP_SPACE, prepend_scheme="always", split=True)
+    trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(_SP_SPACE, prepend_scheme="always", split=True)
     trainer_tok.train_from_iterator(corpus, trainer=BpeTrainer(vocab_size=420, min_frequency=2,
                                                                show_progress=False, special_tokens=[]))
     trained = json.loads(trainer_tok.to_str())["model"]
@@ -99,14 +102,15 @@ def _sentencepiece(family: str) -> PreTrainedTokenizerFast:
     for piece, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]):
         vocab.setdefault(piece, len(vocab))
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True,
+                               fuse_unk=True))
     tok.normalizer = _sentencepiece_normalizer(family)
     if family == "llama2-nonlegacy":
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SP_SPACE, prepend_scheme="first", split=False)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(_SP_SPACE, prepend_scheme="first", split=False)
     elif family == "metaspace-always":
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SP_SPACE, prepend_scheme="always", split=True)
-    tok.decoder = decoders.Sequence([decoders.Replace(_SP_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(_SP_SPACE, prepend_scheme="always", split=True)
+    tok.decoder = decoders.Sequence([decoders.Replace(_SP_SPACE, " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])]
     )
