@@ -4,7 +4,8 @@ Each family's toy tokenizer (:mod:`hf_hetspec.testing.families`) gets a tiny Lla
 corpus (:func:`hf_hetspec.testing.toy.train_memorizer`); a family is paired with the byte-level ``qwen``
 family, as the target and as the drafter. On every pair greedy output equals the target alone token for
 token, SLEM's acceptance rate is at least TLI's, and it is within 10 % of a byte-level pair's (``gpt2``
-target, ``qwen`` drafter). Before the text-start probe a Llama-2-style target (dummy prefix ``▁``) accepted
+target, ``qwen`` drafter) -- except for the lowercasing ``sp-normalized`` family, whose normalizer changes the
+text itself (see the slow test). Before the text-start probe a Llama-2-style target (dummy prefix ``▁``) accepted
 about 1 % of SLEM's drafted tokens here. The default run checks that family; the whole matrix is slow
 (about 13 s of training per family on two shared cores).
 """
@@ -83,10 +84,11 @@ def test_dummy_prefix_target_drafts_as_well_as_a_byte_level_one(family_model, re
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != PARTNER])
 def test_every_family_drafts_as_well_as_a_byte_level_pair(family_model, reference_acceptance, family, role):
     pair = (family, PARTNER) if role == "target" else (PARTNER, family)
-    # a lowercasing drafter cannot spell the target's capitals: its drafts fail there whatever the conversion
-    # (measured 83 % against 98 %); it is still exact and ahead of TLI
-    lowercasing_drafter = family == "sp-normalized" and role == "drafter"
-    _check_pair(family_model, reference_acceptance, *pair, near_reference=not lowercasing_drafter)
+    # A lowercasing tokenizer changes the text itself: as the drafter it cannot spell the target's capitals
+    # (SLEM 83 % against 98 %), as the target it hands the byte-level drafter lowercase context it never saw
+    # in training (88 % or 96 % by seed). Its conversion is exact (tests/test_boundary.py); the pair is held
+    # to exactness and SLEM >= TLI only.
+    _check_pair(family_model, reference_acceptance, *pair, near_reference=family != "sp-normalized")
 
 
 def test_without_the_probe_a_dummy_prefix_target_rejects_slem_drafts(monkeypatch, family_model,
