@@ -224,3 +224,26 @@ def spells(vocab, text: str) -> bool:
 def specials(vocab, ids) -> list[int]:
     """The ids among ``ids`` that are special tokens of ``vocab``."""
     return [i for i in ids if i in vocab.special_ids]
+
+
+# ---------------------------------------------------------------------------------------------------
+# A small Spec-Bench file for the tools layer's tests
+# ---------------------------------------------------------------------------------------------------
+
+SPEC_BENCH_ROWS = [  # written for these tests, in Spec-Bench's question.jsonl format
+    {"question_id": 1, "category": "writing", "turns": ["Write a note about the sea.", "Make it shorter."]},
+    {"question_id": 2, "category": "roleplay", "turns": ["Be a lighthouse keeper.", "Say goodbye."]},
+    {"question_id": 3, "category": "writing", "turns": ["Describe a storm.", "Add a title."]},
+    {"question_id": 4, "category": "summarization", "turns": ["Summarize: The keeper lit the lamp at dusk."]},
+    {"question_id": 5, "category": "summarization", "turns": ["Summarize: Ships passed the rocks safely."]},
+    {"question_id": 6, "category": "rag", "turns": ["The lighthouse stands on a rock. Where is it?"]},
+]
+
+
+@pytest.fixture(scope="session")
+def spec_bench_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spec_bench") / "question.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in SPEC_BENCH_ROWS))
+    return path
+
+

