@@ -161,6 +161,19 @@ def real_pair(real_tokenizer, real_model_config):
     return build
 
 
+def hetspec_generate(pair, ids, algorithm, **kwargs):
+    """``pair.target.generate`` with hf_hetspec enabled for this one call and ``pair``'s drafter and tokenizers."""
+    import hf_hetspec
+
+    hf_hetspec.enable(pair.target)
+    try:
+        return pair.target.generate(ids, assistant_model=pair.drafter, tokenizer=pair.target_tokenizer,
+                                    assistant_tokenizer=pair.drafter_tokenizer, hetspec_algorithm=algorithm,
+                                    **kwargs)
+    finally:
+        hf_hetspec.disable(pair.target)
+
+
 class ForwardCounter:
     """Counts forward calls of ``models`` (a pre-hook on each) until :meth:`close`: proves that a refused call
     ran no model."""

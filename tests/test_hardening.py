@@ -44,6 +44,7 @@ from transformers.generation.streamers import BaseStreamer
 import hf_hetspec
 import hf_hetspec.proposer as proposer_module
 from conftest import ForwardCounter, specials
+from conftest import hetspec_generate as _hetspec
 from hf_hetspec.alignment import sanitize_utf8, vocabulary
 from hf_hetspec.compat import cache_from_kwargs
 from hf_hetspec.drafter import DrafterContext
@@ -91,16 +92,6 @@ def _reference(pair, ids, cache=True, **kwargs):
         hf_hetspec.disable(pair.target)
         memo[key] = pair.target.generate(ids, **kwargs)
     return memo[key]
-
-
-def _hetspec(pair, ids, algorithm, **kwargs):
-    hf_hetspec.enable(pair.target)
-    try:
-        return pair.target.generate(ids, assistant_model=pair.drafter, tokenizer=pair.target_tokenizer,
-                                    assistant_tokenizer=pair.drafter_tokenizer, hetspec_algorithm=algorithm,
-                                    **kwargs)
-    finally:
-        hf_hetspec.disable(pair.target)
 
 
 def _ids(pair, text):

@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 import hf_hetspec
 from conftest import ForwardCounter
+from conftest import hetspec_generate as _hetspec
 from hf_hetspec import plan
 from hf_hetspec.drafter import DraftStop
 from hf_hetspec.plan import (
@@ -154,16 +155,6 @@ def test_the_generation_config_is_merged_once_per_call(toy_pair, monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 # Refusals before any forward pass
 # ---------------------------------------------------------------------------------------------------
-
-
-def _hetspec(pair, ids, algorithm, **kwargs):
-    hf_hetspec.enable(pair.target)
-    try:
-        return pair.target.generate(ids, assistant_model=pair.drafter, tokenizer=pair.target_tokenizer,
-                                    assistant_tokenizer=pair.drafter_tokenizer, hetspec_algorithm=algorithm,
-                                    **kwargs)
-    finally:
-        hf_hetspec.disable(pair.target)
 
 
 @pytest.mark.parametrize("positions", [torch.arange(3), torch.arange(4)[None], torch.arange(3.0)[None]],
