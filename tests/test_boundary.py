@@ -120,7 +120,7 @@ def _check_conversion(vocab: Vocabulary, context: str, new: str, before: str) ->
     assert context_ids[:n_keep] + fresh == whole
 
 
-def _conversion_property(vocab: Vocabulary, max_examples: int = 60):
+def _check_conversion_property(vocab: Vocabulary, max_examples: int = 60):
     """:func:`_check_conversion` on random contexts and new texts (hypothesis, reproducible)."""
 
     @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
@@ -134,7 +134,7 @@ def _conversion_property(vocab: Vocabulary, max_examples: int = 60):
 
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_conversion_equals_whole_text_encoding(any_tokenizer, name):
-    _conversion_property(Vocabulary.from_tokenizer(any_tokenizer(name)))()
+    _check_conversion_property(Vocabulary.from_tokenizer(any_tokenizer(name)))()
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
@@ -151,7 +151,7 @@ def test_without_the_probe_conversion_fails_these_checks(monkeypatch, name):
     vocab = Vocabulary.from_tokenizer(family_tokenizer(name))
     monkeypatch.setattr("hf_hetspec.alignment.encode_after", lambda *args, **kwargs: None)
     with pytest.raises(AssertionError):
-        _conversion_property(vocab)()
+        _check_conversion_property(vocab)()
     if name in ("llama2", "sp-normalized"):  # a lead before every window: no boundary agrees
         assert conversion_agreement(vocab, list(toy.TOY_CORPUS[:2]), max_boundaries=32).rate < 0.1
 

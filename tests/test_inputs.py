@@ -64,7 +64,7 @@ class _Pair:
         finally:
             hf_hetspec.disable(target)
 
-    def refused(self, error, words, target=None, **kwargs):
+    def assert_refused(self, error, words, target=None, **kwargs):
         """hf_hetspec raises ``error`` matching ``words`` and runs no forward of either model."""
         target = self.target if target is None else target
         counter = ForwardCounter(target, self.drafter)
@@ -119,7 +119,7 @@ def test_images_and_other_model_inputs_are_refused(pair, vision_target):
     outs = [vision_target.generate(ids, pixel_values=im, max_new_tokens=8, do_sample=False, pad_token_id=0)
             for im in images]
     assert outs[0].tolist() != outs[1].tolist()
-    pair.refused(NotImplementedError, "pixel_values.*without `assistant_model`", target=vision_target, ids=ids,
+    pair.assert_refused(NotImplementedError, "pixel_values.*without `assistant_model`", target=vision_target, ids=ids,
                  pixel_values=images[0], **GREEDY)
 
 
@@ -129,7 +129,7 @@ def test_inputs_embeds_are_refused(pair, with_ids):
     # the embeddings matter: plain decoding from them continues differently than from the ids
     from_embeds = pair.plain(inputs_embeds=embeds, **GREEDY)
     assert from_embeds.tolist() != pair.plain(**GREEDY)[:, pair.ids.shape[1]:].tolist()
-    pair.refused((ValueError, NotImplementedError), "inputs_embeds", ids=pair.ids if with_ids else None,
+    pair.assert_refused((ValueError, NotImplementedError), "inputs_embeds", ids=pair.ids if with_ids else None,
                  inputs_embeds=embeds, **GREEDY)
 
 
@@ -159,7 +159,7 @@ def test_cache_holding_the_prompt_is_honoured(pair, algorithm, uncached):
 
 def test_cache_longer_than_the_prompt_is_refused(pair):
     cache = _prefilled(pair.target, torch.cat([pair.ids, pair.ids], dim=1))
-    pair.refused(ValueError, "cache.*holds 20 positions.*prompt has 10", **{cache_argument(pair.target): cache},
+    pair.assert_refused(ValueError, "cache.*holds 20 positions.*prompt has 10", **{cache_argument(pair.target): cache},
                  **GREEDY)
 
 
@@ -171,18 +171,18 @@ def test_cache_longer_than_the_prompt_is_refused(pair):
 def test_classifier_free_guidance_is_refused(pair):
     negative = pair.target_tokenizer("bad", return_tensors="pt").input_ids
     _plain_differs_or_refuses(pair, guidance_scale=3.0, negative_prompt_ids=negative)
-    pair.refused(NotImplementedError, "guidance_scale=3.0.*unconditional", guidance_scale=3.0,
+    pair.assert_refused(NotImplementedError, "guidance_scale=3.0.*unconditional", guidance_scale=3.0,
                  negative_prompt_ids=negative, **GREEDY)
     # the same processor passed by hand
     processor = UnbatchedClassifierFreeGuidanceLogitsProcessor(3.0, pair.target, negative)
-    pair.refused(NotImplementedError, "logits_processor.*UnbatchedClassifierFreeGuidance",
+    pair.assert_refused(NotImplementedError, "logits_processor.*UnbatchedClassifierFreeGuidance",
                  logits_processor=LogitsProcessorList([processor]), **GREEDY)
 
 
 def test_synthid_watermark_is_refused_and_the_green_list_watermark_honoured(pair):
     synthid = SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340, 443, 597, 160], ngram_len=3)
     _plain_differs_or_refuses(pair, watermarking_config=synthid)
-    pair.refused(NotImplementedError, "watermarking_config.*SynthID", watermarking_config=synthid, **GREEDY)
+    pair.assert_refused(NotImplementedError, "watermarking_config.*SynthID", watermarking_config=synthid, **GREEDY)
     green = WatermarkingConfig(bias=5.0)
     ref = pair.plain(watermarking_config=green, **GREEDY)
     assert ref.tolist() != pair.plain(**GREEDY).tolist()
@@ -204,7 +204,7 @@ def test_other_decoding_methods_are_refused(pair, setting, words):
     # a trailing space: token healing replaces it (this prompt's output changes)
     ids = pair.target_tokenizer(PROMPT + " ", return_tensors="pt").input_ids
     _plain_differs_or_refuses(pair, ids, tokenizer=pair.target_tokenizer, **setting)
-    pair.refused((ValueError, NotImplementedError), words, ids=ids, **{**GREEDY, **setting})
+    pair.assert_refused((ValueError, NotImplementedError), words, ids=ids, **{**GREEDY, **setting})
 
 
 CONFLICTS = [
@@ -223,7 +223,7 @@ CONFLICTS = [
 @pytest.mark.parametrize("setting,error,words", CONFLICTS,
                          ids=[k if callable(v) else f"{k}={v}" for s, _, _ in CONFLICTS for k, v in s.items()])
 def test_options_of_other_decoding_loops_are_refused(pair, setting, error, words):
-    pair.refused(error, words, **{**GREEDY, **setting})
+    pair.assert_refused(error, words, **{**GREEDY, **setting})
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -279,11 +279,11 @@ def test_sampling_warpers_beyond_top_k_and_top_p_are_lossless(toy_pair, algorith
 
 def test_settings_are_refused_wherever_they_come_from(pair):
     """The merged generation config decides: a passed ``GenerationConfig`` or the model's own defaults too."""
-    pair.refused(ValueError, "penalty_alpha",
+    pair.assert_refused(ValueError, "penalty_alpha",
                  generation_config=GenerationConfig(penalty_alpha=0.6, top_k=4, do_sample=False, max_new_tokens=8))
     saved = pair.target.generation_config.guidance_scale
     pair.target.generation_config.guidance_scale = 3.0
     try:
-        pair.refused(NotImplementedError, "guidance_scale=3.0", **GREEDY)
+        pair.assert_refused(NotImplementedError, "guidance_scale=3.0", **GREEDY)
     finally:
         pair.target.generation_config.guidance_scale = saved
