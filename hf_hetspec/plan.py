@@ -473,6 +473,11 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         assistant_confidence_threshold=explicit("assistant_confidence_threshold"),
     )
     stop_strings, config.stop_strings = config.stop_strings, None
+    # transformers tells "20 new tokens by default" from "max_length=20" by whether the call set it: leave the
+    # lengths nobody set unset, so its own merge of this config fills them exactly as for plain decoding
+    for name in ("max_length", "min_length"):
+        if explicit(name) is None and getattr(target.generation_config, name, None) is None:
+            setattr(config, name, None)
     return DecodingPlan(
         algorithm=algorithm,
         reason=reason,

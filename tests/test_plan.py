@@ -200,3 +200,23 @@ def test_assistant_input_ids_without_a_drafter_is_refused(toy_pair):
                                      assistant_input_ids=torch.tensor([[2, 7]]))
     finally:
         hf_hetspec.disable(toy_pair.target)
+
+
+def test_lengths_nobody_set_keep_their_plain_meaning(toy_pair, caplog):
+    """Without max_new_tokens or max_length, plain generate() makes 20 *new* tokens; the plan hands transformers
+    a merged config, which must not turn that default into an absolute max_length of 20 (no new token for a
+    long prompt) nor warn that both lengths were set."""
+    import logging
+
+    from conftest import hetspec_generate
+
+    ids = toy_pair.target_tokenizer(toy_pair.prompts[0] * 3, return_tensors="pt").input_ids
+    assert ids.shape[1] > 20
+    hf_hetspec.disable(toy_pair.target)
+    expected = toy_pair.target.generate(ids, do_sample=False)
+    assert expected.shape[1] > ids.shape[1]
+    with caplog.at_level(logging.WARNING):
+        out = hetspec_generate(toy_pair, ids, "slem", do_sample=False)
+        hetspec_generate(toy_pair, ids, "slem", do_sample=False, max_new_tokens=5)
+    assert out.tolist() == expected.tolist()
+    assert "seem to have been set" not in caplog.text
