@@ -161,6 +161,20 @@ def real_pair(real_tokenizer, real_model_config):
     return build
 
 
+def save_toy_models(root: Path, homogeneous: bool = False) -> dict[str, Path]:
+    """``save_pretrained`` folders under ``root``: a tiny byte-level Qwen2 target (``"target"``), a tiny
+    SentencePiece drafter (``"drafter"``) and, with ``homogeneous``, a same-vocabulary drafter (``"homogeneous"``)."""
+    target_tokenizer, drafter_tokenizer = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    models = [("target", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")),
+              ("drafter", drafter_tokenizer, toy.tiny_causal_lm(drafter_tokenizer, seed=1))]
+    if homogeneous:
+        models.append(("homogeneous", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=2, arch="qwen2")))
+    for name, tokenizer, model in models:
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return {name: root / name for name, _, _ in models}
+
+
 def hetspec_generate(pair, ids, algorithm, **kwargs):
     """``pair.target.generate`` with hf_hetspec enabled for this one call and ``pair``'s drafter and tokenizers."""
     import hf_hetspec

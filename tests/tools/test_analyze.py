@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import save_toy_models
 from hf_hetspec import plan, vocabulary_intersection
 from hf_hetspec.proposer import MAX_LOOKAHEAD
 from hf_hetspec.testing import toy
@@ -203,13 +204,9 @@ def test_sample_texts_sources(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("analyze_models")
-    target_tok, drafter_tok = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
-    for name, tok, model in (("target", target_tok, toy.tiny_causal_lm(target_tok, seed=0, arch="qwen2")),
-                             ("drafter", drafter_tok, toy.tiny_causal_lm(drafter_tok, seed=1))):
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
+    save_toy_models(root)
     (root / "tokenizer_only").mkdir()
-    target_tok.save_pretrained(root / "tokenizer_only")
+    toy.byte_level_bpe_tokenizer().save_pretrained(root / "tokenizer_only")
     return root
 
 

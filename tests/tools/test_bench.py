@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import SPEC_BENCH_ROWS
-from hf_hetspec.testing import toy
+from conftest import SPEC_BENCH_ROWS, save_toy_models
 from hf_hetspec.tools import analyze, bench, cli, reports, tasks, zoo
 
 N_NEW = 6
@@ -28,17 +27,8 @@ CONFIG_FIELDS = {
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Folders of a tiny byte-level target, a tiny sentencepiece drafter and a same-vocabulary drafter."""
-    root = tmp_path_factory.mktemp("bench_models")
-    target_tokenizer = toy.byte_level_bpe_tokenizer()
-    drafter_tokenizer = toy.sentencepiece_bpe_tokenizer()
-    for name, tokenizer, model in (
-        ("target", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")),
-        ("drafter", drafter_tokenizer, toy.tiny_causal_lm(drafter_tokenizer, seed=1)),
-        ("homogeneous", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=2, arch="qwen2")),
-    ):
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return {name: str(root / name) for name in ("target", "drafter", "homogeneous")}
+    folders = save_toy_models(tmp_path_factory.mktemp("bench_models"), homogeneous=True)
+    return {name: str(path) for name, path in folders.items()}
 
 
 def bench_argv(models, spec_bench_file, *extra: str) -> list[str]:

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from conftest import save_toy_models
 from hf_hetspec import integration
 from hf_hetspec.testing import toy
 from hf_hetspec.tools import cli, common, zoo
@@ -22,16 +23,8 @@ N_NEW = 12
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """Folders of a tiny Qwen-style target (byte-level BPE) and a tiny Gemma-style drafter (SentencePiece)."""
-    root = tmp_path_factory.mktemp("cli_models")
-    target_tokenizer = toy.byte_level_bpe_tokenizer()
-    drafter_tokenizer = toy.sentencepiece_bpe_tokenizer()
-    for name, tokenizer, model in (
-        ("target", target_tokenizer, toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")),
-        ("drafter", drafter_tokenizer, toy.tiny_causal_lm(drafter_tokenizer, seed=1)),
-    ):
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return str(root / "target"), str(root / "drafter")
+    folders = save_toy_models(tmp_path_factory.mktemp("cli_models"))
+    return str(folders["target"]), str(folders["drafter"])
 
 
 def target_alone_greedy(path: str, prompt: str, chat: bool, max_new_tokens: int) -> tuple[str, int]:

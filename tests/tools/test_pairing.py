@@ -14,7 +14,7 @@ import torch
 from huggingface_hub import ModelCard
 
 import hf_hetspec
-from hf_hetspec.testing import toy
+from conftest import save_toy_models
 from hf_hetspec.tools import cli, pairing, zoo
 from hf_hetspec.tools.pairing import PairingError
 
@@ -169,11 +169,7 @@ def test_load_round_trip_without_models(tmp_path):
 @pytest.fixture(scope="module")
 def model_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("pairing_models")
-    target_tok, drafter_tok = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
-    for name, tok, model in (("target", target_tok, toy.tiny_causal_lm(target_tok, seed=0, arch="qwen2")),
-                             ("drafter", drafter_tok, toy.tiny_causal_lm(drafter_tok, seed=1))):
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
+    save_toy_models(root)
     return root
 
 
