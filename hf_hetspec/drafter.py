@@ -24,6 +24,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
 from .compat import cache_kwargs, quiet_quantization_warnings
 from .recurrent import SnapshotCache, is_state_layer
+from .static_drafter import StaticCacheDrafter
 
 #: Positions kept free after the synced context for one draft (lookahead <= 16 target tokens, a few drafter
 #: tokens each); at most half of the drafter's maximum context.
@@ -268,7 +269,10 @@ class DrafterContext:
         crop, so a re-tokenization that replaces older tokens could not be rolled back (transformers raises a
         shape error in attention once the context passes the window, e.g. Gemma-3's 512 tokens); for such
         models every layer keeps its whole past instead -- the model's sliding-window mask still applies, so
-        the logits are the same."""
+        the logits are the same. A drafter run by hf_hetspec's own step brings its preallocated cache
+        (:class:`~hf_hetspec.static_drafter.StaticKVCache`)."""
+        if isinstance(self.model, StaticCacheDrafter):
+            return self.model.new_cache()
         cache = DynamicCache(config=self.model.config)
         if any(is_state_layer(layer) for layer in cache.layers):
             # recurrent drafters (Mamba, Jamba, ...): rolled back from state snapshots, see hf_hetspec.recurrent

@@ -23,7 +23,7 @@ from hf_hetspec.testing import toy
 from hf_hetspec.tli import TLIProposer
 from conftest import ForwardCounter
 
-RUNTIMES = ("eager", "float32", "int8")
+RUNTIMES = ("eager", "float32", "int8", "int8-static")
 ALGORITHMS = ("slem", "tli", "slrs")
 T07 = dict(temperature=0.7, top_k=5)
 ALPHA, REJECT = 1e-3, 1e-6
@@ -55,34 +55,39 @@ def test_greedy_output_equals_the_target_alone_with_every_runtime(toy_pair, draf
     assert stats.accepted_tokens > 0
 
 
-def test_int8_drafter_prunes_its_quantized_head_for_tli_and_stays_exact(real_pair):
+@pytest.mark.parametrize("drafter_name,drafter_runtime", [("gemma3", "int8"), ("smollm2", "int8-static")])
+def test_int8_drafter_prunes_its_quantized_head_for_tli_and_stays_exact(real_pair, drafter_name, drafter_runtime):
     """Gemma-3's 262,144-row LM head, quantized, is restricted to the intersection's rows (PrunedHead on the
-    int8 copy): the pruned logits are the full head's rows, and greedy TLI equals the target alone."""
-    pair = real_pair("qwen2.5-coder", "gemma3")
+    int8 copy; SmolLM2's in hf_hetspec's own step): the pruned logits are the full head's rows, and greedy TLI
+    equals the target alone."""
+    pair = real_pair("qwen2.5-coder", drafter_name)
     ids = _ids(pair, "def add(a, b):")
-    out, stats = _hetspec(pair, ids, hetspec_algorithm="tli", hetspec_drafter="int8", max_new_tokens=12,
+    out, stats = _hetspec(pair, ids, hetspec_algorithm="tli", hetspec_drafter=drafter_runtime, max_new_tokens=12,
                           do_sample=False)
     assert torch.equal(out, _plain(pair, ids, max_new_tokens=12, do_sample=False))
-    assert stats.drafter_runtime == "int8" and 0 < stats.drafter_head_rows < len(pair.drafter_tokenizer)
+    assert stats.drafter_runtime == drafter_runtime and 0 < stats.drafter_head_rows < len(pair.drafter_tokenizer)
 
-    copy_ = runtime.prepare_drafter(pair.drafter, "int8").model
+    copy_ = runtime.prepare_drafter(pair.drafter, drafter_runtime).model
     rows = torch.arange(0, len(pair.drafter_tokenizer), 3)
     head = hf_hetspec.drafter.PrunedHead.build(copy_, rows, len(pair.drafter_tokenizer))
     assert head is not None
     feed = torch.tensor([[5, 17, 300]])
     with torch.no_grad():  # the head quantizes its input rows together: the last one alone, as in drafting
         full = copy_(input_ids=feed, logits_to_keep=1).logits[:, -1]
-        pruned = head(feed, hf_hetspec.drafter.DynamicCache())
+        cache = copy_.new_cache() if drafter_runtime == "int8-static" else hf_hetspec.drafter.DynamicCache()
+        pruned = head(feed, cache)
     torch.testing.assert_close(pruned, full[:, rows], rtol=1e-4, atol=1e-4)
 
 
 # SLEM hands verification no q (exact match): its greedy test says most; TLI's q and SLRS's psi run by default
+@pytest.mark.parametrize("drafter_runtime", runtime.INT8_RUNTIMES)
 @pytest.mark.parametrize("algorithm", [pytest.param("slem", marks=pytest.mark.slow), "tli", "slrs"])
-def test_sampling_with_the_int8_drafter_is_lossless(toy_pair, algorithm):
+def test_sampling_with_the_int8_drafter_is_lossless(toy_pair, algorithm, drafter_runtime):
     ids = _ids(toy_pair, "the")
     expected = exact_target_distribution(toy_pair.target, ids, 2, **T07)
     sampler = hetspec_sampler(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
-                              toy_pair.drafter_tokenizer, ids, algorithm, 2, hetspec_drafter="int8", **T07)
+                              toy_pair.drafter_tokenizer, ids, algorithm, 2, hetspec_drafter=drafter_runtime,
+                              **T07)
     report = check_lossless(expected, sample_outcomes(sampler, 400, seed=0), ALPHA)
     print(report)
     assert report.num_bins >= 3 and report.passed, str(report)
@@ -161,7 +166,7 @@ def test_int8_copy_is_smaller_than_the_float32_copy(toy_pair):
 def test_auto_keeps_tiny_drafters_eager_and_quantizes_large_ones_on_cpu(toy_pair, monkeypatch):
     assert runtime.resolve_runtime(toy_pair.drafter, "auto") == ("eager", "")
     monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)
-    assert runtime.resolve_runtime(toy_pair.drafter, "auto") == ("int8", "")
+    assert runtime.resolve_runtime(toy_pair.drafter, "auto") == ("int8-static", "")
     monkeypatch.setattr(runtime, "_quantized_engine", lambda: None)
     resolved, note = runtime.resolve_runtime(toy_pair.drafter, "auto")
     assert resolved == "eager" and "int8" in note
@@ -173,7 +178,7 @@ def test_auto_keeps_tiny_drafters_eager_and_quantizes_large_ones_on_cpu(toy_pair
 def test_unknown_runtime_is_refused_before_any_work(toy_pair, value):
     counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
     try:
-        with pytest.raises(ValueError, match=r"hetspec_drafter=.*use one of auto, eager, float32, int8"):
+        with pytest.raises(ValueError, match=r"hetspec_drafter=.*use one of auto, eager, float32, int8, int8-static"):
             _hetspec(toy_pair, _ids(toy_pair, "the"), hetspec_drafter=value, max_new_tokens=4) if value else \
                 runtime.prepare_drafter(toy_pair.drafter, value)
     finally:
