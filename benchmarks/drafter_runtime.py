@@ -25,12 +25,12 @@ from transformers import DynamicCache
 
 from hf_hetspec.compat import cache_kwargs
 from hf_hetspec.drafter import rollback_cache
-from hf_hetspec.runtime import model_bytes, prepare_drafter
+from hf_hetspec.runtime import RUNTIMES, model_bytes, prepare_drafter
 
 
 def _step_timer(model, context: torch.Tensor):
     """A function timing one one-token forward after ``context`` (the cache is rolled back after each)."""
-    cache = DynamicCache()
+    cache = model.new_cache() if hasattr(model, "new_cache") else DynamicCache()
     with torch.no_grad():
         model(input_ids=context, use_cache=True, **cache_kwargs(model, cache))
     n = context.shape[1]
@@ -63,8 +63,14 @@ def main() -> None:
     drafter, _ = zoo.load(args.drafter, dtype=torch.bfloat16)
     context = torch.randint(100, 1000, (1, args.context))
     models, prepare = {"eager-bf16": drafter}, {"eager-bf16": 0.0}
-    for runtime in ("float32", "int8"):
-        prepared = prepare_drafter(drafter, runtime)
+    for runtime in RUNTIMES:
+        if runtime in ("auto", "eager"):
+            continue
+        try:
+            prepared = prepare_drafter(drafter, runtime)
+        except ValueError as err:  # e.g. int8-static for a drafter outside its decoder family
+            print(f"{runtime}: {err}")
+            continue
         models[runtime], prepare[runtime] = prepared.model, prepared.prepare_s
     if importlib.util.find_spec("torchao") is not None:
         from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,

@@ -11,12 +11,15 @@ built per call, keyword plumbing, per-layer cache dispatch). This module runs th
 * the query, key and value projections fused into one linear layer, and the gate and up projections into
   another (4 products per layer instead of 7), built from the drafter's own weights; with int8 weights each
   output row keeps its own scale, so fusing changes no product;
-* no attention mask for a one-token step (it attends to the whole cache), an explicit causal mask only for
-  feeds of several tokens (the prompt, a re-tokenized tail).
+* no attention mask for a one-token step (it attends to the cache's last ``window`` positions, or all of
+  them), an explicit causal (and window) mask only for feeds of several tokens (the prompt, a re-tokenized
+  tail).
 
-It covers the decoder family of Llama, Mistral, Qwen2 and Qwen3 (RMSNorm, rotary positions, grouped-query
-attention, gated MLP), recognised from the model's modules, never from its name, and accepted only after the
-step reproduced the model's own logits on a probe (:func:`build`). Other drafters keep transformers' forward.
+It covers the decoder layouts of Llama, Mistral, Qwen2, Qwen3 and Gemma-3 (RMS norms, before each block or on
+both sides of it; rotary positions, per layer kind where the model has several; grouped-query attention with
+optional query/key norms and sliding windows; gated MLP), recognised from the model's modules, never from its
+name, and accepted only after the step reproduced the model's own logits on a probe (:func:`build`). Other
+drafters keep transformers' forward.
 
 Lossless by construction (Leviathan et al. 2023, Theorem 1; Timor et al. 2025, Theorems 3.2-3.4): the drafting
 algorithms read the logits this step produced, so SLEM's drafts, TLI's ``q`` and SLRS's ``psi`` are those of
@@ -24,6 +27,8 @@ the model that really ran; verification is exact for any drafter.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +42,7 @@ INITIAL_POSITIONS = 512
 
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
+_SANDWICH_PARTS = {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
 _OPTIONAL_ATTENTION_PARTS = {"q_norm", "k_norm"}
 _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
@@ -93,18 +99,25 @@ class StaticKVCache:
 
 
 class _Layer(torch.nn.Module):
-    """One decoder layer's weights in the step's layout (fused projections)."""
+    """One decoder layer's weights in the step's layout (fused projections), its norms by role and its
+    attention window (``None``: the whole context)."""
 
-    def __init__(self, layer: torch.nn.Module):
+    def __init__(self, layer: torch.nn.Module, window: int | None, rotary_key: str | None):
         super().__init__()
         attention, mlp = layer.self_attn, layer.mlp
-        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma-3: norms on both sides of each block
+        self.input_norm = layer.input_layernorm
+        self.attention_out_norm = layer.post_attention_layernorm if sandwich else None
+        self.mlp_in_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
+        self.mlp_out_norm = layer.post_feedforward_layernorm if sandwich else None
         self.q_norm = getattr(attention, "q_norm", None)
         self.k_norm = getattr(attention, "k_norm", None)
         self.head_dim = attention.head_dim
         self.q_size = attention.q_proj.out_features
         self.kv_size = attention.k_proj.out_features
         self.scaling = float(attention.scaling)
+        self.window = window
+        self.rotary_key = rotary_key
         self.qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
         self.o_proj = attention.o_proj
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj])
@@ -124,7 +137,14 @@ class StaticCacheDecoder(torch.nn.Module):
         self.embed_tokens = decoder.embed_tokens
         self.rotary_emb = decoder.rotary_emb
         self.norm = decoder.norm
-        self.layers = torch.nn.ModuleList(_Layer(layer) for layer in decoder.layers)
+        config = decoder.config
+        per_type = "layer_type" in inspect.signature(decoder.rotary_emb.forward).parameters
+        types = list(getattr(config, "layer_types", None) or []) or ["full_attention"] * len(decoder.layers)
+        self.layers = torch.nn.ModuleList(
+            _Layer(layer, _window(layer.self_attn, config), kind if per_type else None)
+            for layer, kind in zip(decoder.layers, types)
+        )
+        self.rotary_keys = sorted({layer.rotary_key for layer in self.layers}, key=str)
 
     def forward(self, input_ids: torch.LongTensor, cache: StaticKVCache | None = None, use_cache: bool = True,
                 **_) -> BaseModelOutputWithPast:
@@ -145,13 +165,14 @@ class StaticCacheDecoder(torch.nn.Module):
         cache.reserve(end)
         x = self.embed_tokens(input_ids)
         positions = torch.arange(start, end, device=x.device)[None]
-        cos, sin = self.rotary_emb(x, positions)
-        cos, sin = cos[:, None], sin[:, None]  # (1, 1, m, head_dim)
-        mask = None
-        if m > 1:  # query i sees the cache and the feed up to itself
-            mask = torch.ones(m, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        rotations = {}  # per rotary kind: cos, sin of shape (1, 1, m, head_dim)
+        for key in self.rotary_keys:
+            cos, sin = self.rotary_emb(x, positions) if key is None else self.rotary_emb(x, positions, key)
+            rotations[key] = cos[:, None], sin[:, None]
+        masks = {}
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(layer.input_norm, x)
+            cos, sin = rotations[layer.rotary_key]
+            h = _norm(layer.input_norm, x)
             q, k, v = layer.qkv(h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
             q = q.view(1, m, -1, layer.head_dim)
             k = k.view(1, m, -1, layer.head_dim)
@@ -164,13 +185,24 @@ class StaticCacheDecoder(torch.nn.Module):
             keys, values = cache.keys[i], cache.values[i]
             keys[:, :, start:end] = k
             values[:, :, start:end] = v
+            # a one-token step attends to the window's last positions (all of them without a window); a longer
+            # feed needs the causal (and window) mask over the positions from the window's first one
+            first = 0 if layer.window is None else max(0, start - layer.window + 1)
+            mask = None
+            if m > 1:
+                if layer.window not in masks:
+                    masks[layer.window] = _mask(start, end, first, layer.window, x.device)
+                mask = masks[layer.window]
             attended = F.scaled_dot_product_attention(
-                q, keys[:, :, :end], values[:, :, :end], attn_mask=mask, scale=layer.scaling, enable_gqa=True)
-            x = x + layer.o_proj(attended.transpose(1, 2).reshape(1, m, -1))
-            gate, up = layer.gate_up(_rms_norm(layer.post_norm, x)).chunk(2, dim=-1)
-            x = x + layer.down_proj(layer.act_fn(gate) * up)
+                q, keys[:, :, first:end], values[:, :, first:end], attn_mask=mask, scale=layer.scaling,
+                enable_gqa=True)
+            out = layer.o_proj(attended.transpose(1, 2).reshape(1, m, -1))
+            x = x + (out if layer.attention_out_norm is None else _norm(layer.attention_out_norm, out))
+            gate, up = layer.gate_up(_norm(layer.mlp_in_norm, x)).chunk(2, dim=-1)
+            out = layer.down_proj(layer.act_fn(gate) * up)
+            x = x + (out if layer.mlp_out_norm is None else _norm(layer.mlp_out_norm, out))
         cache.length = end
-        return _rms_norm(self.norm, x)
+        return _norm(self.norm, x)
 
 
 class StaticCacheDrafter(torch.nn.Module):
@@ -213,8 +245,28 @@ class StaticCacheDrafter(torch.nn.Module):
         return CausalLMOutputWithPast(logits=logits, **output_cache_kwargs(CausalLMOutputWithPast, cache))
 
 
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+def _norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``; Llama's RMSNorm (``weight * x / rms(x)``, the one with ``variance_epsilon``) as one call."""
+    if hasattr(norm, "variance_epsilon"):
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+    return norm(x)
+
+
+def _window(attention: torch.nn.Module, config) -> int | None:
+    """The layer's attention window: its own ``sliding_window`` (``None`` for a full-attention layer), else the
+    config's (Mistral applies it to every layer)."""
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window
+    return getattr(config, "sliding_window", None)
+
+
+def _mask(start: int, end: int, first: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """``(m, end - first)`` boolean: query ``start + i`` sees key ``first + j`` when it is not later and, with a
+    window, fewer than ``window`` positions earlier."""
+    queries = torch.arange(start, end, device=device)[:, None]
+    keys = torch.arange(first, end, device=device)[None]
+    seen = keys <= queries
+    return seen if window is None else seen & (keys > queries - window)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -236,8 +288,8 @@ def _fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
 
 
 def unsupported(model: PreTrainedModel) -> str:
-    """Why the step cannot run ``model`` (its module layout is not the covered decoder family, or a sliding
-    attention window could apply), or ``""`` when the layout fits; :func:`build` also checks the logits."""
+    """Why the step cannot run ``model`` (its module layout is not one the step covers, or it caps its logits),
+    or ``""`` when the layout fits; :func:`build` also checks the logits."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     if decoder is None or decoder is model:
         return "no separate decoder stack"
@@ -247,28 +299,23 @@ def unsupported(model: PreTrainedModel) -> str:
     if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
         return "its LM head is not a linear layer"
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) is not False:
-        return "sliding-window attention"
-    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or [])):
-        return "layers other than full attention"
+    if any(kind not in ("full_attention", "sliding_attention") for kind in (getattr(config, "layer_types", None) or [])):
+        return "layers other than full or sliding-window attention"
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+        return "logit softcapping"
     for layer in decoder.layers:
         parts = {name for name, _ in layer.named_children()}
-        if parts != _LAYER_PARTS:
+        if parts not in (_LAYER_PARTS, _LAYER_PARTS | _SANDWICH_PARTS):
             return f"decoder layer parts {sorted(parts)}"
         attention = {name for name, _ in layer.self_attn.named_children()}
         if not (_ATTENTION_PARTS <= attention <= _ATTENTION_PARTS | _OPTIONAL_ATTENTION_PARTS):
             return f"attention parts {sorted(attention)}"
         if {name for name, _ in layer.mlp.named_children()} | {"act_fn"} != _MLP_PARTS:
             return "not a gated MLP"
-        norms = [layer.input_layernorm, layer.post_attention_layernorm]
-        if not all(hasattr(n, "variance_epsilon") and getattr(n, "weight", None) is not None for n in norms):
-            return "norms other than RMSNorm"
         linears = [getattr(layer.self_attn, n) for n in _ATTENTION_PARTS] + [layer.mlp.gate_proj,
                                                                             layer.mlp.up_proj, layer.mlp.down_proj]
         if not all(isinstance(linear, torch.nn.Linear) for linear in linears):
             return "projections other than linear layers"
-    if not hasattr(decoder.norm, "variance_epsilon"):
-        return "a final norm other than RMSNorm"
     return ""
 
 

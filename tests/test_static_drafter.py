@@ -16,8 +16,9 @@ from hf_hetspec.drafter import max_positions
 from hf_hetspec.testing.architectures import REFUSED_DRAFTERS, TINY_ARCHITECTURES, tiny_model
 
 VOCAB = 96
-#: The layouts the step runs (the Llama / Mistral / Qwen2 / Qwen3 decoder family without a sliding window).
-RUN = ("llama", "qwen2", "qwen3")
+#: The layouts the step runs; the tiny Mistral and Gemma-3 have 4-token sliding windows (Gemma-3 on 5 of 6
+#: layer kinds, with their own rotary base), passed many times by the 38-token scripts below.
+RUN = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 OTHERS = tuple(n for n in TINY_ARCHITECTURES if n not in RUN and n not in REFUSED_DRAFTERS)
 
 
@@ -30,9 +31,21 @@ def _mistral_without_window():
     return transformers.MistralForCausalLM(config).eval().requires_grad_(False)
 
 
+def _gemma3_mixed():
+    """Gemma-3 with one sliding-window and one full-attention layer: two rotary bases in one step."""
+    config = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                           sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                                           vocab_size=VOCAB)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.Gemma3ForCausalLM(config).eval().requires_grad_(False)
+
+
 def _models():
     yield from ((name, lambda name=name: tiny_model(name, VOCAB)) for name in RUN)
     yield "mistral-no-window", _mistral_without_window
+    yield "gemma3-mixed", _gemma3_mixed
 
 
 def _reference(model, ids: list[int]) -> torch.Tensor:
@@ -95,9 +108,10 @@ def test_cache_crop_follows_dynamic_cache_and_growth_keeps_the_held_positions():
 
 def test_auto_uses_the_static_step_where_it_runs_and_int8_elsewhere(monkeypatch):
     monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)
-    llama, gemma = tiny_model("llama", VOCAB), tiny_model("gemma3", VOCAB)
+    llama = tiny_model("llama", VOCAB)
     prepared = runtime.prepare_drafter(llama, "auto")
     assert prepared.runtime == "int8-static" and isinstance(prepared.model, static_drafter.StaticCacheDrafter)
+    gemma = tiny_model("gemma2", VOCAB)  # logit softcapping: not run by the step
     fallback = runtime.prepare_drafter(gemma, "auto")
     assert fallback.runtime == "int8" and not fallback.note
     with pytest.raises(ValueError, match=r"hetspec_drafter='int8-static': hf_hetspec's decoding step does not "

@@ -521,8 +521,8 @@ def add_command(sub) -> None:
     bench.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None, metavar="ALG",
                        help="hf_hetspec algorithms (default slem tli slrs; --quick: slem)")
     bench.add_argument("--drafter-runtime", choices=RUNTIMES, default="auto",
-                       help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): auto (default), "
-                       "eager, float32 or int8")
+                       help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): "
+                       f"{', '.join(RUNTIMES)} (default auto)")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip transformers' universal assisted generation")
     bench.add_argument("--tasks", nargs="+", choices=TASKS, default=None, metavar="TASK",
