@@ -61,10 +61,11 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
 
     * ``hetspec_algorithm``: ``"auto"`` (default), ``"slem"``, ``"tli"`` or ``"slrs"``.
     * ``hetspec_generator`` (``torch.Generator`` on the target's device): randomness of a sampled call.
-    * ``hetspec_drafter``: the drafter's runtime, ``"auto"`` (default), ``"eager"``, ``"float32"`` or
-      ``"int8"`` (:mod:`hf_hetspec.runtime`): a faster copy of the drafter, made once and cached while the
-      drafter lives; the drafter passed in is never changed and the output never depends on the runtime.
-      Refused before any work (``ValueError``) when unknown, or ``"int8"`` for a drafter off the CPU.
+    * ``hetspec_drafter``: the drafter's runtime, ``"auto"`` (default), ``"eager"``, ``"float32"``, ``"int8"``
+      or ``"int8-static"`` (:mod:`hf_hetspec.runtime`): a faster copy of the drafter, made once and cached
+      while the drafter lives; the drafter passed in is never changed and the output distribution never
+      depends on the runtime. Refused before any work (``ValueError``) when unknown, or an int8 runtime for a
+      drafter off the CPU.
     * ``hetspec_draft_temperature`` (float >= 0, TLI and SLRS with ``do_sample=True``): how the drafter picks
       its draft tokens. Default: a sample of its distribution at the call's temperature (Algorithms 3 and 4);
       ``t > 0``: at temperature ``t`` instead (the call's top-k/top-p still apply); ``0``: its argmax, verified
