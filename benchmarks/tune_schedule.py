@@ -1,6 +1,6 @@
 """Tune SLEM's default draft schedule: joint-confidence threshold and lookahead cap, against the target alone.
 
-The default schedule (``hf_hetspec.plan.DEFAULT_MIN_JOINT`` / ``SLEM_MAX_LOOKAHEAD``) ends a draft
+The default schedule (``hf_hetspec.plan.SLEM_DEFAULTS``, per drafter runtime) ends a draft
 once the drafter's probability that the whole draft is accepted falls below the threshold, or at the cap
 (``hf_hetspec.drafter.DraftStop``). This script runs, interleaved per prompt, the target alone and SLEM under
 each candidate schedule (or a fixed lookahead ``k``), greedy, and prints tokens/s and the speedup over the
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     drafter, drafter_tok = zoo.load(args.drafter, dtype=args.dtype)
     names = ["target"] + [f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}" for s in args.schedules]
     totals = {name: [0, 0.0, 0, 0] for name in names}  # new tokens, seconds, target forwards, drafted tokens
-    saved = plan.DEFAULT_MIN_JOINT, plan.SLEM_MAX_LOOKAHEAD
+    saved = dict(plan.SLEM_DEFAULTS)
     try:
         for prompt in code_prompts(args.last)[args.first:]:
             ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
@@ -70,8 +70,9 @@ def main(argv=None) -> int:
                 if schedule is None:
                     run = runner.target_alone(ids)
                 else:
-                    plan.DEFAULT_MIN_JOINT = schedule.get("joint", saved[0])
-                    plan.SLEM_MAX_LOOKAHEAD = schedule.get("max", saved[1])
+                    for name_, default in saved.items():  # whichever runtime auto resolves to
+                        plan.SLEM_DEFAULTS[name_] = plan.SlemDefault(schedule.get("joint", default.min_joint),
+                                                                     schedule.get("max", default.max_lookahead))
                     run = runner.hetspec(ids)
                 total = totals[name]
                 total[0] += run.new_tokens
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
                 print(f"{prompt.prompt_id} {name}: {run.new_tokens} tokens in {run.seconds:.1f} s, "
                       f"{run.target_forwards} target forwards, {run.drafted_tokens} drafted", flush=True)
     finally:
-        plan.DEFAULT_MIN_JOINT, plan.SLEM_MAX_LOOKAHEAD = saved
+        plan.SLEM_DEFAULTS.update(saved)
     base = totals["target"][0] / totals["target"][1]
     print("\n| schedule | tokens/s | speedup | tokens/forward | drafted/forward |\n|---|---|---|---|---|")
     for name, (tokens, seconds, forwards, drafted) in totals.items():

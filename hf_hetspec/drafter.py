@@ -175,7 +175,7 @@ class DraftStop:
     product in expected accepted tokens, so drafting is worth it while the product exceeds ``c + v``
     (Leviathan et al. 2023, Section 3.4, choose the draft length from the acceptance rate and the cost ratio;
     here per draft, from the drafter's confidence). The drafter's confidence overstates the target's
-    agreement, so the tuned default (``plan.DEFAULT_MIN_JOINT``) sits above ``c + v``.
+    agreement, so the tuned defaults (``plan.SLEM_DEFAULTS``, per drafter runtime) sit above ``c + v``.
 
     Both decisions depend on the drafter alone, so they never change the output distribution: the number
     of drafts is a stopping time of the drafter's randomness, and speculative sampling is exact for any

@@ -40,16 +40,34 @@ ALGORITHMS = ("auto", "slem", "tli", "slrs")
 IMPLEMENTED = ("slem", "tli", "slrs")
 #: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
 DEFAULT_LOOKAHEAD = 5
-# Default schedule of SLEM: drafts of up to SLEM_MAX_LOOKAHEAD drafter tokens, each ended once the
-# drafter's probability that all of it is accepted falls below DEFAULT_MIN_JOINT.
-# Tuned on HumanEval/20-29 (disjoint from the bench's HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B
-# target, bf16 CPU (benchmarks/tune_schedule.py): 0.35/12 ran 2.29x and 2.18x the target alone on the two
-# halves; the former default 0.2/32 2.02x, 0.5/32 2.18x, 0.5/12 2.22x (docs/benchmarks.md). The threshold
-# sits above c + v (drafter step 0.165 + marginal verification cost 0.03 target forwards per draft token)
-# because the drafter's confidence overstates how often the target agrees; the cap bounds the cost of
-# verifying long drafts.
-SLEM_MAX_LOOKAHEAD = 12
-DEFAULT_MIN_JOINT = 0.35
+
+@dataclass(frozen=True)
+class SlemDefault:
+    """SLEM's default draft schedule: drafts of up to ``max_lookahead`` drafter tokens, each ended once the
+    drafter's probability that all of it is accepted falls below ``min_joint``
+    (:class:`~hf_hetspec.drafter.DraftStop`)."""
+
+    min_joint: float
+    max_lookahead: int
+
+
+#: SLEM's default schedule per drafter runtime (:mod:`hf_hetspec.runtime`). Drafting one more token pays while
+#: its chance of acceptance exceeds what it costs, about the drafter's step c plus what it adds to the
+#: verification (0.03 target forwards), so a cheaper drafter step pays for longer drafts (Leviathan et al.
+#: 2023, Section 3.4). The drafter's confidence overstates how often the target agrees, so the thresholds that
+#: win sit above c + 0.03. Tuned with benchmarks/tune_schedule.py on HumanEval/20-29 (disjoint from the bench's
+#: HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B bf16 target, CPU (benchmarks/README.md):
+#:
+#: * eager drafters (c = 0.165): 0.35/12 ran 2.29x and 2.18x the target alone on the two halves; 0.2/32 2.02x,
+#:   0.5/32 2.18x, 0.5/12 2.22x;
+#: * int8 runtimes (c = 0.06-0.08): 0.2/16 ran 2.75x on HumanEval/20-24 against 2.36x for 0.35/12, 2.71x for
+#:   0.25/16 and 2.46x for 0.15/20.
+SLEM_DEFAULTS: dict[str, SlemDefault] = {
+    "eager": SlemDefault(0.35, 12),
+    "float32": SlemDefault(0.35, 12),
+    "int8": SlemDefault(0.2, 16),
+    "int8-static": SlemDefault(0.2, 16),
+}
 #: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
 MIN_TLI_SHARE = 0.01
 #: The only ``cache_implementation`` values whose cache can be rolled back after a rejection.
@@ -381,16 +399,15 @@ def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafte
 # --------------------------------------------------------------------------------------------------------
 
 
-def choose_schedule(algorithm: str, *, num_assistant_tokens: int | None = None,
+def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assistant_tokens: int | None = None,
                     num_assistant_tokens_schedule: str | None = None,
                     assistant_confidence_threshold: float | None = None) -> Schedule:
     """The draft-length schedule from the user's explicit settings, else the algorithm's default.
 
     ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
     ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
-    per-token cut-off on top. By default SLEM drafts up to ``SLEM_MAX_LOOKAHEAD`` drafter tokens, each draft
-    ended once the drafter's probability that all of it is accepted falls below ``DEFAULT_MIN_JOINT``
-    (:class:`~hf_hetspec.drafter.DraftStop`); TLI and SLRS follow transformers' +2/-1 rule from
+    per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` in
+    effect (resolved, not ``"auto"``); TLI and SLRS follow transformers' +2/-1 rule from
     ``DEFAULT_LOOKAHEAD``. The confidence stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs
     1.26x; Gemma-3 greedy TLI 0.87x): a drafter token the target would tokenize differently is rejected
     however sure the drafter is.
@@ -410,8 +427,9 @@ def choose_schedule(algorithm: str, *, num_assistant_tokens: int | None = None,
         adaptive = num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
         return Schedule(lookahead, adaptive, DraftStop(min_confidence))
     if algorithm == "slem":
-        min_joint = DEFAULT_MIN_JOINT if threshold is None else 0.0
-        return Schedule(SLEM_MAX_LOOKAHEAD, False, DraftStop(min_confidence, min_joint))
+        default = SLEM_DEFAULTS[drafter_runtime]
+        min_joint = default.min_joint if threshold is None else 0.0
+        return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
     return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence))
 
 
@@ -468,6 +486,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
 
     schedule = choose_schedule(
         algorithm,
+        drafter_runtime=resolve_runtime(drafter, args.drafter_runtime)[0],
         num_assistant_tokens=explicit("num_assistant_tokens"),
         num_assistant_tokens_schedule=explicit("num_assistant_tokens_schedule"),
         assistant_confidence_threshold=explicit("assistant_confidence_threshold"),

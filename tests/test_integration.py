@@ -233,7 +233,7 @@ def test_fixed_lookahead_is_honored(toy_pair):
 
 
 def test_default_schedules(toy_pair):
-    """SLEM by default: drafts of at most DEFAULT_MAX_LOOKAHEAD drafter tokens (ended earlier by the
+    """SLEM by default (a tiny drafter runs eager): drafts of at most SLEM_DEFAULTS["eager"].max_lookahead drafter tokens (ended earlier by the
     drafter's joint confidence, see test_draft_stop); TLI by default: transformers' +2/-1 rule starting at
     DEFAULT_LOOKAHEAD."""
     from hf_hetspec import plan
@@ -243,8 +243,9 @@ def test_default_schedules(toy_pair):
     out = _hetspec(toy_pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm="slem")
     assert out.tolist() == ref.tolist()
     stats = hf_hetspec.last_stats(toy_pair.target)
-    assert set(stats.lookaheads) == {plan.SLEM_MAX_LOOKAHEAD}
-    assert stats.drafter_forwards <= stats.target_forwards * plan.SLEM_MAX_LOOKAHEAD
+    cap = plan.SLEM_DEFAULTS["eager"].max_lookahead
+    assert set(stats.lookaheads) == {cap}
+    assert stats.drafter_forwards <= stats.target_forwards * cap
     out = _hetspec(toy_pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm="tli")
     assert out.tolist() == ref.tolist()
     lookaheads = hf_hetspec.last_stats(toy_pair.target).lookaheads

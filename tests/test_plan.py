@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 import hf_hetspec
 from conftest import ForwardCounter
 from conftest import hetspec_generate as _hetspec
-from hf_hetspec import plan
+from hf_hetspec import plan, runtime
 from hf_hetspec.drafter import DraftStop
 from hf_hetspec.plan import (
     HetspecArguments,
@@ -46,11 +46,34 @@ def test_tli_needs_a_shared_vocabulary():
 
 def test_default_schedules_per_algorithm():
     slem = choose_schedule("slem")
-    assert (slem.lookahead, slem.adaptive) == (plan.SLEM_MAX_LOOKAHEAD, False)
-    assert slem.stop == DraftStop(0.0, plan.DEFAULT_MIN_JOINT)
+    assert (slem.lookahead, slem.adaptive) == (plan.SLEM_DEFAULTS["eager"].max_lookahead, False)
+    assert slem.stop == DraftStop(0.0, plan.SLEM_DEFAULTS["eager"].min_joint)
     for algorithm in ("tli", "slrs"):
         schedule = choose_schedule(algorithm)
         assert (schedule.lookahead, schedule.adaptive, schedule.stop.enabled) == (plan.DEFAULT_LOOKAHEAD, True, False)
+
+
+def test_slem_drafts_longer_with_a_cheaper_drafter_runtime():
+    """Every runtime a plan can resolve to has a SLEM default; the int8 runtimes (c about half of eager's) draft
+    longer: a lower joint-confidence threshold and a higher cap."""
+    assert set(plan.SLEM_DEFAULTS) == set(runtime.RUNTIMES) - {"auto"}
+    eager, int8 = (choose_schedule("slem", drafter_runtime=r) for r in ("eager", "int8-static"))
+    assert int8.stop.min_joint < eager.stop.min_joint and int8.lookahead > eager.lookahead
+    assert choose_schedule("slem", drafter_runtime="int8") == int8
+    assert choose_schedule("tli", drafter_runtime="int8") == choose_schedule("tli")
+
+
+def test_the_plan_takes_the_schedule_of_the_runtime_auto_resolves_to(toy_pair, monkeypatch):
+    ids = toy_pair.target_tokenizer("the", return_tensors="pt").input_ids
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)
+    args = plan.HetspecArguments(algorithm="slem")
+    call = {"inputs": ids, "assistant_model": toy_pair.drafter}
+    kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer,
+              "max_new_tokens": 4}
+    decided = plan.make_plan(toy_pair.target, call, kwargs, args)
+    assert decided.schedule == choose_schedule("slem", drafter_runtime="int8-static")
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 10**12)
+    assert plan.make_plan(toy_pair.target, call, kwargs, args).schedule == choose_schedule("slem")
 
 
 def test_explicit_schedules():

@@ -144,11 +144,11 @@ def _analysis(**overrides) -> PairAnalysis:
 @pytest.mark.parametrize(
     "overrides, do_sample, expected, lookahead",
     [
-        ({}, False, "slem", plan.SLEM_MAX_LOOKAHEAD),
-        ({"target_mass_in_intersection": 0.96}, True, "slem", plan.SLEM_MAX_LOOKAHEAD),
-        ({"target_mass_in_intersection": 0.94}, True, "slem", plan.SLEM_MAX_LOOKAHEAD),
+        ({}, False, "slem", plan.SLEM_DEFAULTS["eager"].max_lookahead),
+        ({"target_mass_in_intersection": 0.96}, True, "slem", plan.SLEM_DEFAULTS["eager"].max_lookahead),
+        ({"target_mass_in_intersection": 0.94}, True, "slem", plan.SLEM_DEFAULTS["eager"].max_lookahead),
         ({"identical": True}, True, "tli", plan.DEFAULT_LOOKAHEAD),
-        ({"identical": True}, False, "slem", plan.SLEM_MAX_LOOKAHEAD),
+        ({"identical": True}, False, "slem", plan.SLEM_DEFAULTS["eager"].max_lookahead),
     ],
 )
 def test_recommend_rule(overrides, do_sample, expected, lookahead):
