@@ -136,7 +136,7 @@ def block_weights(
     ``S_i = sum_{j <= i} log r_j`` (``S_0 = 0``) it is ``w_i = exp(S_i - max_{j <= i} S_j)``: one ``cumsum``
     and one ``cummax`` instead of a loop. ``p(x_i) = 0`` gives ``log r_i = -inf`` and ``w = 0`` from there on,
     exactly as the recursion; ``q(x_i) = 0`` (a draft its ``q`` could not have produced) counts as
-    ``r_i = p / tiny``, i.e. ``w_i = min(1, +inf) = 1`` unless ``p(x_i) = 0``.
+    ``r_i = p / tiny``, i.e. ``w_i = min(1, +inf) = 1`` unless ``p(x_i) = 0`` or ``w_{i-1} = 0``.
 
     Args:
         draft_ids (``torch.LongTensor`` of shape ``(k,)``): draft tokens, target vocabulary.
