@@ -499,6 +499,12 @@ def test_rejects_greedy_drafts_verified_as_if_they_were_sampled(real_pair, monke
 BLOCK_TOKENS = 3
 
 
+def _block_samples(pair, prompt: str, setting: dict) -> int:
+    """Sample size with power ``POWER`` against every alternative at TV ``POWER_TV`` on three tokens."""
+    expected = exact_target_distribution(pair.target, _ids(pair, prompt), BLOCK_TOKENS, **setting)
+    return required_samples(expected, POWER_TV, POWER, ALPHA)
+
+
 def _spy_on_verify_block(monkeypatch) -> list:
     """Record ``(k, tau)`` of every ``verify_block`` call the decoding loop makes (behaviour unchanged)."""
     rounds = []
@@ -526,11 +532,12 @@ def test_block_verification_is_lossless(request, monkeypatch, algorithm, pair_na
     ``toy_pair_reversed`` never accepts a draft, ``test_other_algorithms_are_lossless``: no such round.)"""
     pair = request.getfixturevalue(pair_name)
     rounds = _spy_on_verify_block(monkeypatch)
+    n = _block_samples(pair, TOY_PROMPT[pair_name], SETTINGS[setting])
     report = verify_lossless(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
-                             _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=400, seed=0, alpha=ALPHA,
+                             _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=n, seed=0, alpha=ALPHA,
                              num_tokens=BLOCK_TOKENS, hetspec_verification="block", **SETTINGS[setting])
     _assert_passes(report)
-    assert len(rounds) >= 400 and any(0 < tau < k for k, tau in rounds), rounds[:20]
+    assert len(rounds) >= n and any(0 < tau < k for k, tau in rounds), rounds[:20]
 
 
 def _correction_from_p_block(p, q, weight=1.0):
@@ -544,9 +551,10 @@ def test_rejects_block_verification_whose_correction_comes_from_p(toy_pair, monk
     at the block's end, ``h_i = w_i``) move the toy pairs' three-token distribution too little to be seen with
     a few hundred generations; ``tests/test_verify.py`` rejects them on toy chains where their exact distance is
     known (power >= 0.999)."""
+    n = _block_samples(toy_pair, TOY_PROMPT["toy_pair"], T1)
     monkeypatch.setattr(hf_hetspec.verify, "residual_distribution", _correction_from_p_block)
     report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
-                             toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=400,
+                             toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=n,
                              seed=0, alpha=ALPHA, num_tokens=BLOCK_TOKENS, hetspec_verification="block", **T1)
     _assert_rejected(report)
 
