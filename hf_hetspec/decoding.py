@@ -19,7 +19,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from .compat import cache_kwargs, output_cache_kwargs
 from .drafter import model_device, rollback_cache
 from .stats import DecodingStats
-from .verify import verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
+from .verify import verify_block, verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
 
 def _process(logits_processor, candidate_ids: torch.Tensor, n: int, logits: torch.Tensor) -> torch.Tensor:
@@ -58,6 +58,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     past_key_values=None,
     position_ids: torch.LongTensor | None = None,
+    verification: str = "token",
 ):
     """Decode with draft-then-verify until a stopping criterion fires.
 
@@ -68,8 +69,8 @@ def speculative_generate(
         stopping_criteria (``StoppingCriteriaList``): as prepared by ``generate()``.
         generation_config: the merged ``GenerationConfig`` of the call.
         proposer: a :class:`~hf_hetspec.proposer.HeterogeneousProposer`; ``proposer.propose(ids)`` gives the
-            next :class:`~hf_hetspec.proposer.Draft`. A sampled call verifies it by speculative sampling
-            against the draft's ``q`` when it has one, otherwise by exact-match sampling.
+            next :class:`~hf_hetspec.proposer.Draft`. A sampled call verifies it against the draft's ``q``
+            when it has one (``verification``), otherwise by exact-match sampling.
         stats: filled in place.
         streamer: receives only accepted tokens, one block per target forward.
         generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
@@ -78,6 +79,9 @@ def speculative_generate(
         position_ids (``torch.LongTensor`` of shape ``(1, n)``, optional): the prompt's position ids as the
             user passed them to ``generate()``; generated tokens continue from the last one, as in
             transformers' own decoding. They are the target's: the drafter numbers its own tokens.
+        verification: how a sampled draft with a ``q`` is verified: ``"token"``, token-level speculative
+            sampling (:func:`~hf_hetspec.verify.verify_speculative_sampling`), or ``"block"``, block
+            verification (:func:`~hf_hetspec.verify.verify_block`); the plan's ``hetspec_verification``.
 
     Returns:
         ``torch.LongTensor`` of shape ``(1, n + new_tokens)``, or ``GenerateDecoderOnlyOutput`` when
@@ -124,7 +128,8 @@ def speculative_generate(
                     tokens, accepted = verify_exact_match_sampling(draft, target_probs, generator)
                 else:
                     draft_probs = draft_tokens.q.to(target_probs)  # [k, V_target]
-                    tokens, accepted = verify_speculative_sampling(draft, draft_probs, target_probs, generator)
+                    verify = verify_block if verification == "block" else verify_speculative_sampling
+                    tokens, accepted = verify(draft, draft_probs, target_probs, generator)
         stats.target_forwards += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += accepted

@@ -72,6 +72,11 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       by speculative sampling against the one-hot ``q`` it came from (acceptance ``p(x)``, as with
       exact-match sampling). The output has the target's distribution whatever the value: only the speed
       changes (docs/api.md "Draft temperature").
+    * ``hetspec_verification``: ``"token"`` (default) or ``"block"``: how TLI and SLRS verify a sampled draft,
+      token by token (speculative sampling) or as a block (Sun et al.'s block verification,
+      :func:`hf_hetspec.verify.verify_block`; accepts at least as many tokens in expectation). Both keep the
+      target's distribution exactly. ``"block"`` is refused before any work (``ValueError``) for SLEM and for
+      greedy calls, which verify by exact match and where it would change nothing (docs/verification.md).
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by
@@ -199,6 +204,7 @@ class _HetSpecDecoding:
             generator=self.generator,
             past_key_values=cache_from_kwargs(model_kwargs),
             position_ids=model_kwargs.get("position_ids"),
+            verification=self.plan.verification,
         )
         self.stats.total_s = time.perf_counter() - began
         return out
@@ -224,7 +230,8 @@ def _generate(self, *args, **kwargs):
     check_drafter_weights(call["assistant_model"])
     # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter and cached
     prepared = prepare_drafter(call["assistant_model"], hetspec.drafter_runtime)
-    stats = DecodingStats(algorithm=plan.algorithm, note="; ".join(filter(None, (plan.note, prepared.note))),
+    stats = DecodingStats(algorithm=plan.algorithm, verification=plan.verification,
+                          note="; ".join(filter(None, (plan.note, prepared.note))),
                           drafter_runtime=prepared.runtime, drafter_prepare_s=prepared.prepare_s,
                           drafter_memory_bytes=prepared.memory_bytes)
     _stats_by_model()[self] = stats

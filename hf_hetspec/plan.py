@@ -6,7 +6,8 @@ The plan is made by small named steps, each the one source of its rule:
 2. :func:`check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams, caches, ...), and
    :func:`hf_hetspec.inputs.check_generate_inputs` -- every other argument, honoured or refused;
 3. :func:`choose_algorithm` -- what ``hetspec_algorithm="auto"`` resolves to, and why (``hf-hetspec analyze``
-   and the pairing cards recommend through the same function);
+   and the pairing cards recommend through the same function); then :func:`check_draft_temperature` and
+   :func:`check_verification`, the keywords that make sense only for some algorithms;
 4. :func:`choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence stop);
 
 :func:`make_plan` runs them in that order on the generation config merged once from the call
@@ -38,6 +39,9 @@ from .tli import TLIProposer
 
 ALGORITHMS = ("auto", "slem", "tli", "slrs")
 IMPLEMENTED = ("slem", "tli", "slrs")
+#: ``hetspec_verification``: how TLI and SLRS verify a sampled draft against its ``q`` / ``psi`` -- token by
+#: token (``verify.verify_speculative_sampling``, the default) or as a block (``verify.verify_block``).
+VERIFICATIONS = ("token", "block")
 #: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
 DEFAULT_LOOKAHEAD = 5
 
@@ -108,6 +112,7 @@ class DecodingPlan:
         prefix_map (``torch.LongTensor`` of shape ``(V_drafter,)``): SLRS's longest-target-prefix map, else ``None``.
         draft_temperature: ``hetspec_draft_temperature`` (``None``: the call's temperature).
         drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
+        verification: ``hetspec_verification``, one of ``VERIFICATIONS`` (:func:`check_verification`).
     """
 
     algorithm: str
@@ -123,6 +128,7 @@ class DecodingPlan:
     prefix_map: torch.Tensor | None = None
     draft_temperature: float | None = None
     drafter_prompt: tuple[int, ...] | None = None
+    verification: str = "token"
 
     @property
     def note(self) -> str:
@@ -141,6 +147,7 @@ class HetspecArguments:
         drafter_prompt (``torch.LongTensor`` of shape ``(1, m)``): ``assistant_input_ids``, or ``None``.
         drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`), default
             ``"auto"``.
+        verification: ``hetspec_verification``, ``"token"`` (default) or ``"block"`` (:func:`check_verification`).
     """
 
     algorithm: str = "auto"
@@ -148,18 +155,20 @@ class HetspecArguments:
     draft_temperature: float | None = None
     drafter_prompt: torch.Tensor | None = None
     drafter_runtime: str = "auto"
+    verification: str = "token"
 
     KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
-                "hetspec_drafter")
+                "hetspec_drafter", "hetspec_verification")
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
         """Remove hf_hetspec's keywords from ``kwargs``; returns them and whether any was given."""
         values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
         given = any(value is not None for value in values)
-        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime = values
+        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification = values
         return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt,
-                   "auto" if drafter_runtime is None else drafter_runtime), given
+                   "auto" if drafter_runtime is None else drafter_runtime,
+                   "token" if verification is None else verification), given
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -347,6 +356,31 @@ def check_draft_temperature(value, algorithm: str, do_sample: bool) -> None:
         )
 
 
+def check_verification(value, algorithm: str, do_sample: bool) -> None:
+    """``hetspec_verification``: one of ``VERIFICATIONS``, and ``"block"`` only where it changes something.
+
+    ``"token"`` (the default) is each algorithm's own verification and is accepted everywhere. ``"block"``
+    (:func:`hf_hetspec.verify.verify_block`) replaces token-level speculative sampling, so it needs a sampled
+    call (``do_sample=True``) with TLI or SLRS, whose drafts come with ``q`` / ``psi`` over target ids. SLEM
+    verifies re-tokenized text by exact match and has no ``q``; a greedy call verifies against the argmax,
+    where block verification would accept exactly the same prefix (with a one-hot ``p`` its weights are 1 up
+    to the first mismatch and 0 after it). There it would be a silent no-op, so it is refused, like a
+    positive ``hetspec_draft_temperature``.
+
+    Raises:
+        ValueError: an unknown value, or ``"block"`` where it would have no effect.
+    """
+    if not isinstance(value, str) or value not in VERIFICATIONS:
+        raise ValueError(f"hetspec_verification={value!r} is not known; use one of {', '.join(VERIFICATIONS)}.")
+    if value == "block" and (algorithm == "slem" or not do_sample):
+        raise ValueError(
+            "hetspec_verification='block' has no effect here: "
+            + ("SLEM verifies by exact match and its drafts have no q over target ids" if algorithm == "slem"
+               else "a greedy call (do_sample=False) verifies by exact match against the target's argmax")
+            + "; drop the argument (or pass do_sample=True with hetspec_algorithm='tli'/'slrs')."
+        )
+
+
 # --------------------------------------------------------------------------------------------------------
 # 3. the algorithm
 # --------------------------------------------------------------------------------------------------------
@@ -478,6 +512,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     algorithm, reason = choose_algorithm(args.algorithm, identical=identical, do_sample=bool(config.do_sample),
                                          drafter_share=share)
     check_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample))
+    check_verification(args.verification, algorithm, bool(config.do_sample))
 
     def explicit(name):  # a setting the user gave (keyword or passed GenerationConfig), not a model default
         if model_kwargs.get(name) is not None:
@@ -511,6 +546,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         prefix_map=prefix_map_for(target_vocab, drafter_vocab) if algorithm == "slrs" else None,
         draft_temperature=args.draft_temperature,
         drafter_prompt=drafter_prompt,
+        verification=args.verification,
     )
 
 

@@ -12,6 +12,10 @@ Conventions (the field's, written down once):
   rate alpha, the chance that a drafted token is accepted given that verification reaches it: the drafted
   tokens after a round's first rejection are never examined, so ``alpha >= acceptance_rate`` and the two
   differ most for long drafts;
+* ``verification`` is the call's ``hetspec_verification`` (``"token"`` or ``"block"``). Block verification
+  decides a round's accepted length jointly, not token by token: ``rejections`` still counts the rounds that
+  kept fewer tokens than were drafted, and ``alpha`` is the same formula, but no longer the chance that one
+  drafted token is accepted;
 * ``mean_accepted_per_forward = new_tokens / target_forwards``: target tokens produced per target forward,
   *including* the bonus/correction token (1.0 means no speedup from drafting);
 * times are wall-clock seconds: ``drafter_s`` drafter forwards, ``translation_s`` text conversion between
@@ -54,6 +58,7 @@ class DecodingStats:
     """Statistics of one ``generate()`` call (see the module docstring for definitions)."""
 
     algorithm: str = ""
+    verification: str = "token"
     note: str = ""
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -136,7 +141,8 @@ class DecodingStats:
     def summary(self) -> str:
         """One line for humans."""
         return (
-            f"{self.algorithm}: {self.new_tokens} tokens in {self.total_s:.2f}s "
+            f"{self.algorithm}" + (f" ({self.verification} verification)" if self.verification != "token" else "")
+            + f": {self.new_tokens} tokens in {self.total_s:.2f}s "
             f"({self.tokens_per_second:.1f} tok/s), {self.target_forwards} target forwards, "
             f"acceptance {self.acceptance_rate:.2f} (alpha {self.alpha:.2f}), "
             f"{self.mean_accepted_per_forward:.2f} tokens/forward, {self.drafter_runtime} drafter "

@@ -143,6 +143,32 @@ def test_rejections_and_alpha(toy_pair, text):
     assert s.alpha > s.acceptance_rate  # the drafted tokens after a round's first rejection are never examined
     assert s.as_dict()["alpha"] == s.alpha
 
+@pytest.mark.parametrize("algorithm", ["tli", "slrs"])
+def test_block_verification_is_chosen_by_keyword_and_reported(toy_pair, algorithm):
+    """``hetspec_verification`` reaches the loop: explicit ``"token"`` is the default (same seeded output),
+    ``"block"`` is reproducible from a seed and named in the statistics (its distribution:
+    tests/test_lossless.py)."""
+    ids = _ids(toy_pair, toy_pair.prompts[0])
+
+    def run(**kwargs):
+        out = _hetspec(toy_pair, ids, hetspec_algorithm=algorithm, do_sample=True, max_new_tokens=24,
+                       hetspec_generator=torch.Generator().manual_seed(3), **kwargs)
+        return out.tolist(), hf_hetspec.last_stats(toy_pair.target)
+
+    default, default_stats = run()
+    assert run(hetspec_verification="token")[0] == default and default_stats.verification == "token"
+    block, stats = run(hetspec_verification="block")
+    assert run(hetspec_verification="block")[0] == block
+    assert stats.verification == "block" and stats.as_dict()["verification"] == "block"
+    assert f"{algorithm} (block verification): " in stats.summary() and stats.accepted_tokens > 0
+    hf_hetspec.enable(toy_pair.target)
+    try:
+        with pytest.raises(ValueError, match="hetspec_verification.*without `assistant_model`"):
+            toy_pair.target.generate(ids, hetspec_verification="block", max_new_tokens=2)
+    finally:
+        hf_hetspec.disable(toy_pair.target)
+
+
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 3])
 def test_short_generations(toy_pair, max_new_tokens):
     _check_greedy(toy_pair, toy_pair.prompts[:2], max_new_tokens=max_new_tokens)
@@ -344,6 +370,12 @@ BAD_INPUTS = [
      "hetspec_draft_temperature=0.7 has no effect.*SLEM"),
     (dict(hetspec_draft_temperature=0.7, hetspec_algorithm="tli"), ValueError,
      "hetspec_draft_temperature=0.7 has no effect.*greedy call"),
+    (dict(hetspec_verification="blocks", hetspec_algorithm="tli", do_sample=True), ValueError,
+     "hetspec_verification='blocks' is not known; use one of token, block"),
+    (dict(hetspec_verification="block", hetspec_algorithm="slem", do_sample=True), ValueError,
+     "hetspec_verification='block' has no effect.*SLEM"),
+    (dict(hetspec_verification="block", hetspec_algorithm="tli"), ValueError,
+     "hetspec_verification='block' has no effect.*greedy call"),
 ]
 
 

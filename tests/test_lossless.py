@@ -37,6 +37,7 @@ from transformers import TemperatureLogitsWarper
 
 import hf_hetspec
 import hf_hetspec.decoding
+import hf_hetspec.verify
 from hf_hetspec.intersection import push_forward
 from hf_hetspec.proposer import TokenLevelProposer
 from hf_hetspec.slrs import SLRSProposer
@@ -486,6 +487,76 @@ def test_rejects_greedy_drafts_verified_as_if_they_were_sampled(real_pair, monke
     report, sampler = _real_report(real_pair(*names), names, algorithm, "t1", draft="greedy-draft")
     _assert_rejected(report)
     assert sampler.accepted_tokens > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Block verification (hetspec_verification="block")
+# ---------------------------------------------------------------------------------------------------
+
+#: Outcomes of three tokens: the first round drafts two, so block verification can stop inside the block
+#: (0 < tau < k), the one path where its correction differs from token-level speculative sampling (with one
+#: drafted token the two rules coincide, so the harness's default two-token outcomes would not tell them apart).
+BLOCK_TOKENS = 3
+
+
+def _block_samples(pair, prompt: str, setting: dict) -> int:
+    """Sample size with power ``POWER`` against every alternative at TV ``POWER_TV`` on three tokens."""
+    expected = exact_target_distribution(pair.target, _ids(pair, prompt), BLOCK_TOKENS, **setting)
+    return required_samples(expected, POWER_TV, POWER, ALPHA)
+
+
+def _spy_on_verify_block(monkeypatch) -> list:
+    """Record ``(k, tau)`` of every ``verify_block`` call the decoding loop makes (behaviour unchanged)."""
+    rounds = []
+    original = hf_hetspec.decoding.verify_block
+
+    def spy(draft_ids, draft_probs, target_probs, generator=None):
+        tokens, tau = original(draft_ids, draft_probs, target_probs, generator)
+        rounds.append((draft_ids.shape[0], tau))
+        return tokens, tau
+
+    monkeypatch.setattr(hf_hetspec.decoding, "verify_block", spy)
+    return rounds
+
+
+@pytest.mark.parametrize("algorithm, pair_name, setting", [
+    ("tli", "toy_pair", "t1"),
+    ("slrs", "toy_pair_reversed", "t1"),
+    pytest.param("slrs", "toy_pair", "t1", marks=pytest.mark.slow),
+    pytest.param("tli", "toy_pair", "t0.7", marks=pytest.mark.slow),
+    pytest.param("slrs", "toy_pair_reversed", "top_p0.9", marks=pytest.mark.slow),
+])
+def test_block_verification_is_lossless(request, monkeypatch, algorithm, pair_name, setting):
+    """TLI and SLRS with ``hetspec_verification="block"`` keep the target's distribution of three tokens, and
+    rounds ended inside the block (``0 < tau < k``) did happen, so its own correction was exercised. (TLI on
+    ``toy_pair_reversed`` never accepts a draft, ``test_other_algorithms_are_lossless``: no such round.)"""
+    pair = request.getfixturevalue(pair_name)
+    rounds = _spy_on_verify_block(monkeypatch)
+    n = _block_samples(pair, TOY_PROMPT[pair_name], SETTINGS[setting])
+    report = verify_lossless(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
+                             _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=n, seed=0, alpha=ALPHA,
+                             num_tokens=BLOCK_TOKENS, hetspec_verification="block", **SETTINGS[setting])
+    _assert_passes(report)
+    assert len(rounds) >= n and any(0 < tau < k for k, tau in rounds), rounds[:20]
+
+
+def _correction_from_p_block(p, q, weight=1.0):
+    """BROKEN block verification: the correction after ``x_1 .. x_tau`` is a sample of ``p`` itself, not of
+    ``norm(max(0, w_tau p - q))``."""
+    return p
+
+
+def test_rejects_block_verification_whose_correction_comes_from_p(toy_pair, monkeypatch):
+    """The same harness rejects a broken block verifier. The subtler block-only bugs (token-level's residual
+    at the block's end, ``h_i = w_i``) move the toy pairs' three-token distribution too little to be seen with
+    a few hundred generations; ``tests/test_verify.py`` rejects them on toy chains where their exact distance is
+    known (power >= 0.999)."""
+    n = _block_samples(toy_pair, TOY_PROMPT["toy_pair"], T1)
+    monkeypatch.setattr(hf_hetspec.verify, "residual_distribution", _correction_from_p_block)
+    report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
+                             toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=n,
+                             seed=0, alpha=ALPHA, num_tokens=BLOCK_TOKENS, hetspec_verification="block", **T1)
+    _assert_rejected(report)
 
 
 # ---------------------------------------------------------------------------------------------------

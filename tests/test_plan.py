@@ -18,6 +18,7 @@ from hf_hetspec.plan import (
     check_draft_temperature,
     check_drafter_prompt,
     check_generation_config,
+    check_verification,
     choose_algorithm,
     choose_schedule,
     make_plan,
@@ -117,6 +118,22 @@ def test_draft_temperature_rule():
         check_draft_temperature(0.7, "tli", False)
 
 
+def test_verification_rule():
+    for algorithm in ("slem", "tli", "slrs"):
+        for do_sample in (False, True):
+            check_verification("token", algorithm, do_sample)  # the default is every algorithm's own rule
+    check_verification("block", "tli", True)
+    check_verification("block", "slrs", True)
+    for bad in ("blocks", "Token", None, 1):
+        with pytest.raises(ValueError, match=r"hetspec_verification=.* is not known; use one of token, block"):
+            check_verification(bad, "tli", True)
+    with pytest.raises(ValueError, match="'block' has no effect here: SLEM"):
+        check_verification("block", "slem", True)
+    with pytest.raises(ValueError, match="'block' has no effect here: a greedy call"):
+        check_verification("block", "slrs", False)
+    assert plan.VERIFICATIONS == ("token", "block")
+
+
 def test_drafter_prompt_check(toy_sp_tokenizer):
     assert check_drafter_prompt(None, toy_sp_tokenizer) is None
     assert check_drafter_prompt(torch.tensor([[5, 6]]), toy_sp_tokenizer) == (5, 6)
@@ -132,6 +149,8 @@ def test_hetspec_arguments_are_taken_out_of_the_kwargs():
     assert given and args.algorithm == "tli" and kwargs == {"max_new_tokens": 3}
     args, given = HetspecArguments.pop_from({})
     assert not given and args == HetspecArguments()
+    args, given = HetspecArguments.pop_from({"hetspec_verification": "block"})
+    assert given and args.verification == "block" and args.algorithm == "auto"
 
 
 def test_make_plan_of_a_call(toy_pair):
@@ -146,6 +165,9 @@ def test_make_plan_of_a_call(toy_pair):
     assert decided.stop_strings == ["\n\n"] and decided.generation_config.stop_strings is None
     assert set(decided.model_kwargs) == {"attention_mask"}  # the tokenizers never reach the target
     assert not decided.identical and decided.note == ""
+    assert decided.verification == "token"
+    block = make_plan(toy_pair.target, call, kwargs, HetspecArguments("slrs", verification="block"))
+    assert block.verification == "block"
     with pytest.raises(dataclasses.FrozenInstanceError):
         decided.algorithm = "tli"
 
