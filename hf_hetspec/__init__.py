@@ -21,7 +21,7 @@ Chat prompts with each model's own template (the drafter's prompt only changes i
 from .chat import chat_inputs
 from .integration import disable, enable, is_enabled, last_stats
 from .intersection import VocabularyIntersection, vocabulary_intersection
-from .plan import ALGORITHMS, IMPLEMENTED, DecodingPlan
+from .plan import ALGORITHMS, IMPLEMENTED, VERIFICATIONS, DecodingPlan
 from .stats import DecodingStats
 
 __version__ = "0.1.0"
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ALGORITHMS",
     "IMPLEMENTED",
+    "VERIFICATIONS",
     "DecodingPlan",
     "DecodingStats",
     "VocabularyIntersection",
