@@ -48,6 +48,7 @@ from ..plan import choose_algorithm, choose_schedule
 from ..proposer import MAX_LOOKAHEAD
 from . import zoo
 from .common import DTYPES, CLIError, check_model_argument, console, default_device, load_model, set_threads
+from .progress import status
 from .tasks import DEFAULT_SPEC_BENCH, read_spec_bench
 
 #: Token ids per span of the injectivity test.
@@ -563,7 +564,7 @@ def cmd_analyze(args) -> int:
     texts = sample_texts(args.texts)
     err = console(stderr=True)
     target_model = drafter_model = None
-    with err.status(f"Loading {args.target} and {args.drafter} ..."):
+    with status(err, f"Loading {args.target} and {args.drafter} ..."):
         if args.no_mass:
             target_tok = load_tokenizer("TARGET", args.target)
             drafter_tok = load_tokenizer("DRAFTER", args.drafter)
@@ -575,7 +576,7 @@ def cmd_analyze(args) -> int:
                                "add --no-mass to analyze the tokenizers alone")
             target_model, target_tok = load_model("TARGET", args.target, args.dtype, device)
             drafter_model, drafter_tok = load_model("DRAFTER", args.drafter, args.dtype, device)
-    with err.status("Measuring ..."):
+    with status(err, "Measuring ..."):
         analysis = analyze_pair(target_tok, drafter_tok, target_model=target_model, drafter_model=drafter_model,
                                 texts=[text for _, text in texts])
     analysis.target_name, analysis.drafter_name = args.target, args.drafter

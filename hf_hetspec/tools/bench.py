@@ -88,7 +88,7 @@ from .. import __version__
 from ..plan import ALGORITHMS
 from ..runtime import RUNTIMES, prepare_drafter
 from ..stats import acceptance_rate, alpha
-from . import pairing, zoo
+from . import pairing, progress, zoo
 from .analyze import expected_speedup
 from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
                      check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
@@ -379,9 +379,6 @@ def _check_outputs(args) -> Path | None:
 
 def cmd_bench(args) -> int:
     """``hf-hetspec bench``: validate everything, load prompts and models, run, report (module docstring)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-
     settings = _settings(args)
     out_dir = _check_outputs(args)
     spec_bench = Path(args.spec_bench).expanduser() if args.spec_bench else DEFAULT_SPEC_BENCH
@@ -409,7 +406,7 @@ def cmd_bench(args) -> int:
     out, err = console(), console(stderr=True)
     temperatures, seeds = settings["temperatures"], settings["seeds"]
     sampling = any(t > 0 for t in temperatures)
-    with err.status(f"Loading {', '.join(name for _, name in models)} ({args.dtype}) ..."):
+    with progress.status(err, f"Loading {', '.join(name for _, name in models)} ({args.dtype}) ..."):
         target, target_tok = load_model("--target", args.target, args.dtype, device)
         drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
         builtin = (None, None)
@@ -439,7 +436,7 @@ def cmd_bench(args) -> int:
     specs = method_specs(settings["algorithms"], not args.no_transformers, homogeneous is not None)
     sweep = [MethodSpec("hf_hetspec", settings["algorithms"][0], k, sweep=True) for k in settings["sweep"]]
 
-    with err.status("Warming up every method; timing one decoding step of each model ..."):
+    with progress.status(err, "Warming up every method; timing one decoding step of each model ..."):
         warm = chat_ids(target_tok, [{"role": "user", "content": WARMUP_MESSAGE}], chat)
         first_per_temperature: dict = {}
         for (temperature, _), runner in runners.items():
@@ -457,19 +454,15 @@ def cmd_bench(args) -> int:
                  for role, (model, tokenizer) in roles.items()}
 
     total = sum(len(p.turns) for p in prompts) * len(runners) * (len(specs) + len(sweep))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err) as progress:
-        bar = progress.add_task("bench", total=total)
-        started = []
+    with progress.Steps(err, total) as calls:
 
         def advance(description: str) -> None:
-            if started:
-                progress.advance(bar)
-            started.append(1)
-            progress.update(bar, description=description)
+            if calls.description:
+                calls.done()
+            calls.start(description)
 
         records = collect_records(prompts, runners, specs, sweep, target_tok, chat, advance)
-        progress.advance(bar)
+        calls.done()
 
     result = {
         "machine": machine_info(device),

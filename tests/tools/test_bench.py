@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -38,18 +40,20 @@ def bench_argv(models, spec_bench_file, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def full_run(models, spec_bench_file, tmp_path_factory):
-    """One bench run with every method, greedy and two sampling seeds, two tasks (one multi-turn), a sweep."""
+    """One bench run with every method, greedy and two sampling seeds, two tasks (one multi-turn), a sweep:
+    ``(exit code, out folder, bench.json, argv, what it printed on stderr)``."""
     out = tmp_path_factory.mktemp("bench_out")
     argv = bench_argv(models, spec_bench_file, "--homogeneous-drafter", models["homogeneous"],
                       "--source", "local", "--tasks", "summarization", "mt_bench", "--prompts", "1",
                       "--temperatures", "0", "1", "--seeds", "0", "1", "--algorithms", "slem", "tli",
                       "--lookahead-sweep", "1", "3", "--out", str(out))
-    code = cli.main(argv)
-    return code, out, json.loads((out / "bench.json").read_text()) if code == 0 else None, argv
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = cli.main(argv)
+    return code, out, json.loads((out / "bench.json").read_text()) if code == 0 else None, argv, err.getvalue()
 
 
 def test_bench_writes_the_documented_json_tables_and_plots(full_run):
-    code, out, result, argv = full_run
+    code, out, result, argv, _ = full_run
     assert code == 0
     assert set(result) == {"machine", "config", "results", "lookahead_sweep", "records"}
     config = result["config"]
@@ -77,8 +81,17 @@ def test_bench_writes_the_documented_json_tables_and_plots(full_run):
     assert reports.TRANSFORMERS_SAMPLING_NOTE not in reports.markdown_report(greedy_only)
 
 
+def test_progress_shows_as_plain_lines_in_a_log(full_run):
+    """Not a terminal (a log file, CI): one line per loading/warm-up phase and per finished call, numbered."""
+    lines = full_run[4].splitlines()
+    assert any(line.startswith("Loading ") and "done in" in line for line in lines)
+    steps = [line for line in lines if line.startswith("[")]
+    total = int(steps[0].split("/")[1].split(",")[0])
+    assert len(steps) == total > 1 and steps[-1].startswith(f"[{total}/{total},")
+
+
 def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
-    _, _, result, _ = full_run
+    _, _, result, _, _ = full_run
     rows = result["results"]
     for row in rows:
         base = next(r for r in rows if (r["task"], r["temperature"], r["method"]) ==
@@ -122,7 +135,7 @@ def test_speedups_are_ratios_of_tokens_per_second_within_the_run(full_run):
 
 
 def test_greedy_outputs_are_the_target_alone_output_and_sampled_ones_have_no_verdict(full_run, models):
-    _, _, result, _ = full_run
+    _, _, result, _, _ = full_run
     for row in result["results"]:
         if row["method"] == "target":
             continue
@@ -140,7 +153,7 @@ def test_greedy_outputs_are_the_target_alone_output_and_sampled_ones_have_no_ver
 
 
 def test_second_turn_follows_the_target_alone_first_answer(full_run, models):
-    _, _, result, _ = full_run
+    _, _, result, _, _ = full_run
     tokenizer = zoo.load(models["target"], dtype="float32")[1]
     mt = [r for r in result["records"] if r["task"] == "mt_bench" and r["method"] == "target"]
     assert [(r["prompt_id"], r["turn"]) for r in mt if r["temperature"] == 0] == [
@@ -155,7 +168,7 @@ def test_second_turn_follows_the_target_alone_first_answer(full_run, models):
 
 
 def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
-    _, _, result, _ = full_run
+    _, _, result, _, _ = full_run
     for record in result["records"]:
         assert record["new_tokens"] == N_NEW
         assert 0 < record["ttft_seconds"] <= record["seconds"]
@@ -183,7 +196,7 @@ def test_records_carry_ttft_and_the_sweep_uses_fixed_lookaheads(full_run):
 
 def test_hetspec_rows_take_c_from_the_drafter_runtime_they_ran(full_run):
     """With a drafter copy (e.g. int8), hf_hetspec's c is that copy's step; transformers' is the drafter's."""
-    _, _, result, _ = full_run
+    _, _, result, _, _ = full_run
     steps = {"target": 1.0, "drafter": 0.2, "homogeneous_drafter": 0.3, "hetspec_drafter": 0.05}
     rows = bench.summarize_results(result["records"], steps)
     expected = {"hf_hetspec": 0.05, "transformers": 0.2, "homogeneous": 0.3, "target": None}
