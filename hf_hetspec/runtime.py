@@ -163,19 +163,21 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     if made.static_problem and runtime != "auto":
         raise ValueError(f"hetspec_drafter={runtime!r}: hf_hetspec's decoding step does not run this drafter "
                          f"({made.static_problem}); use hetspec_drafter='int8' or 'auto'.")
-    return PreparedDrafter(made.model, made.runtime, model_bytes(made.model), seconds, note)
+    return PreparedDrafter(made.model, made.runtime, made.memory_bytes, seconds, note)
 
 
 @dataclass(frozen=True)
 class _Copy:
     """A cached copy: the drafter's weights version it was made from, the model (``None`` when it does not run),
-    the runtime it runs, why it does not run, and why the static step was not used (``"int8-static"`` only)."""
+    the runtime it runs, why it does not run, why the static step was not used (``"int8-static"`` only), and
+    its bytes (counted once: counting unpacks every int8 layer, 0.5 s for SmolLM2)."""
 
     version: tuple
     model: torch.nn.Module | None
     runtime: str
     problem: str = ""
     static_problem: str = ""
+    memory_bytes: int = 0
 
 
 def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
@@ -183,13 +185,14 @@ def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     where the static step does not run the drafter (:func:`hf_hetspec.static_drafter.build`)."""
     model = _float32_copy(drafter)
     if runtime == "float32":
-        return _Copy(version, model, runtime)
+        return _Copy(version, model, runtime, memory_bytes=model_bytes(model))
     static_problem = ""
     if runtime == "int8-static":
         static, static_problem = static_drafter.build(model, max_positions(model))
         model = static if static is not None else model
     problem = _quantize_int8(model)
-    return _Copy(version, None if problem else model, "int8" if static_problem else runtime, problem, static_problem)
+    return _Copy(version, None if problem else model, "int8" if static_problem else runtime, problem, static_problem,
+                 model_bytes(model))
 
 
 def model_bytes(model: torch.nn.Module) -> int:
