@@ -186,11 +186,13 @@ def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     model = _float32_copy(drafter)
     if runtime == "float32":
         return _Copy(version, model, runtime, memory_bytes=model_bytes(model))
-    static_problem = ""
+    static_problem, names = "", None
     if runtime == "int8-static":
         static, static_problem = static_drafter.build(model, max_positions(model))
-        model = static if static is not None else model
-    problem = _quantize_int8(model)
+        if static is not None:
+            static.keep_float_prefill()
+            model, names = static, static.step_linear_names()
+    problem = _quantize_int8(model, names)
     return _Copy(version, None if problem else model, "int8" if static_problem else runtime, problem, static_problem,
                  model_bytes(model))
 
@@ -235,17 +237,17 @@ def _float32_copy(drafter: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def _quantize_int8(model: PreTrainedModel) -> str:
+def _quantize_int8(model: PreTrainedModel, names: list[str] | None = None) -> str:
     """Int8 weights (one scale per output row) and dynamically quantized int8 activations for every
-    ``nn.Linear`` of ``model``, in place (module docstring: why ``torch.ao.quantization``). Returns why the
-    quantized model does not run (one forward pass over two tokens), or ``""`` when it does."""
+    ``nn.Linear`` of ``model`` (only those named in ``names`` when given), in place (module docstring: why
+    ``torch.ao.quantization``). Returns why the quantized model does not run (one forward pass over two
+    tokens), or ``""`` when it does."""
     from torch.ao import quantization
 
+    qconfig = quantization.per_channel_dynamic_qconfig
+    spec = {torch.nn.Linear: qconfig} if names is None else {name: qconfig for name in names}
     with quiet_quantization_warnings():
-        quantization.quantize_dynamic(
-            model, {torch.nn.Linear: quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8,
-            inplace=True,
-        )
+        quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([[1, 2]]), use_cache=False)

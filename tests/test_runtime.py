@@ -94,7 +94,7 @@ def test_sampling_with_the_int8_drafter_is_lossless(toy_pair, algorithm, drafter
     assert sampler.accepted_tokens > 0
 
 
-def _sharpen_head(model):
+def _sharpen_head(model, names=None):
     """A "runtime" whose copy's logits are exactly 4x the original's: the LM head (untied from the embedding,
     in the copy only) scaled by 4."""
     head = model.get_output_embeddings()

@@ -117,3 +117,23 @@ def test_auto_uses_the_static_step_where_it_runs_and_int8_elsewhere(monkeypatch)
     with pytest.raises(ValueError, match=r"hetspec_drafter='int8-static': hf_hetspec's decoding step does not "
                                          r"run this drafter \(.*\); use hetspec_drafter='int8' or 'auto'"):
         runtime.prepare_drafter(gemma, "int8-static")
+
+
+def test_long_feeds_run_float_projections_and_one_token_steps_the_int8_ones():
+    """After keep_float_prefill and quantizing the step's own projections (what the int8-static runtime does),
+    a prompt-sized feed gives the float model's hidden states (no activation quantization over the prompt; the
+    LM head stays int8), while a one-token step runs the int8 projections (close to, not equal to, the float
+    logits)."""
+    model = tiny_model("llama", VOCAB)
+    step, _ = static_drafter.build(runtime._float32_copy(model), None)
+    step.keep_float_prefill()
+    assert runtime._quantize_int8(step, step.step_linear_names()) == ""
+    ids = torch.arange(3, 3 + static_drafter.FLOAT_FEED_MIN + 2)[None] % VOCAB
+    cache = step.new_cache()
+    hidden = step.get_decoder()(ids[:, :-1], cache).last_hidden_state
+    want = model.get_decoder()(input_ids=ids[:, :-1], use_cache=False).last_hidden_state
+    torch.testing.assert_close(hidden, want, rtol=1e-4, atol=1e-4)
+    one = step(ids[:, -1:], cache).logits[0, -1]
+    reference = _reference(model, ids[0].tolist())
+    assert not torch.equal(one, reference)
+    torch.testing.assert_close(one, reference, rtol=0.1, atol=0.1 * float(reference.abs().max()))
