@@ -156,7 +156,8 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
         seconds = time.perf_counter() - start
     made = per_drafter[resolved]
     if made.problem and runtime == "auto":
-        return PreparedDrafter(drafter, "eager", 0, seconds, f"int8 drafter unavailable ({made.problem}): eager drafter")
+        why = f"int8 drafter unavailable ({made.problem}): eager drafter"
+        return PreparedDrafter(drafter, "eager", 0, seconds, why)
     if made.problem:
         raise ValueError(f"hetspec_drafter={runtime!r}: this drafter does not run with int8 linear layers "
                          f"({made.problem}); use hetspec_drafter='auto' or 'eager'.")

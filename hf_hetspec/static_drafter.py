@@ -333,7 +333,8 @@ def unsupported(model: PreTrainedModel) -> str:
     if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
         return "its LM head is not a linear layer"
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    if any(kind not in ("full_attention", "sliding_attention") for kind in (getattr(config, "layer_types", None) or [])):
+    kinds = getattr(config, "layer_types", None) or []
+    if any(kind not in ("full_attention", "sliding_attention") for kind in kinds):
         return "layers other than full or sliding-window attention"
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
         return "logit softcapping"
