@@ -126,12 +126,14 @@ def test_exact_match_sampling_matches_target_distribution_and_accepts_matches():
     assert abs(accepted - float(p[0, draft[0]])) < 0.03
 
 
-def test_speculative_sampling_accepts_everything_when_q_equals_p():
+@pytest.mark.parametrize("verify", [verify_speculative_sampling, verify_block], ids=["token", "block"])
+def test_sampled_verification_accepts_everything_when_q_equals_p(verify):
+    """q == p: every draft token is accepted, then the bonus token (token-level and block verification)."""
     p = _dist(4, 4)
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
         draft = torch.stack([torch.multinomial(p[i], 1, generator=g)[0] for i in range(3)])
-        tokens, n = verify_speculative_sampling(draft, p[:3], p, g)
+        tokens, n = verify(draft, p[:3], p, g)
         assert n == 3 and tokens[:3].tolist() == draft.tolist() and tokens.shape[0] == 4
 
 
@@ -411,11 +413,7 @@ def test_verify_block_test_rejects_broken_block_verifiers(monkeypatch, broken):
 def test_verify_block_edge_cases():
     p = _dist(4, 4)
     g = torch.Generator().manual_seed(0)
-    # q == p: every draft is accepted, then the bonus token
-    for _ in range(50):
-        draft = torch.stack([torch.multinomial(p[i], 1, generator=g)[0] for i in range(3)])
-        tokens, n = verify_block(draft, p[:3], p, g)
-        assert n == 3 and tokens[:3].tolist() == draft.tolist() and tokens.shape[0] == 4
+    # (q == p is test_sampled_verification_accepts_everything_when_q_equals_p[block])
     # an empty draft: one token from p_0
     tokens, n = verify_block(torch.tensor([], dtype=torch.long), p[:0], p[:1], g)
     assert n == 0 and tokens.shape == (1,)
