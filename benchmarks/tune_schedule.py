@@ -1,4 +1,5 @@
-"""Tune SLEM's default draft schedule: joint-confidence threshold and lookahead cap, against the target alone.
+"""Tune the default draft schedules (SLEM's joint-confidence threshold and cap; TLI's and SLRS's lookahead),
+against the target alone.
 
 The default schedule (``hf_hetspec.plan.SLEM_DEFAULTS``, per drafter runtime) ends a draft
 once the drafter's probability that the whole draft is accepted falls below the threshold, or at the cap
@@ -10,8 +11,10 @@ HumanEval/0-9), e.g.::
     python benchmarks/tune_schedule.py --first 20 --last 25 --schedules 0.2/32 0.35/12 0.5/12 k4 k6
     python benchmarks/tune_schedule.py --first 25 --last 30 --schedules 0.35/12 0.5/12 0.35/8 0.25/10 0.2/12
 
-``J/M`` = threshold ``J`` with cap ``M``; ``kN`` = exactly ``N`` drafter tokens per draft. The results behind
-the defaults are in ``benchmarks/README.md``.
+``J/M`` = threshold ``J`` with cap ``M`` (SLEM); ``kN`` = exactly ``N`` drafter tokens per draft; ``default`` =
+the algorithm's default schedule. ``--algorithm tli --temperature 1 --seeds 0 1`` tunes the sampled
+token-level algorithms (each seed reseeds every call; methods stay interleaved per prompt and seed). The
+results behind the defaults are in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from hf_hetspec.tools.tasks import chat_ids
 
 
 def parse_schedule(text: str) -> dict:
-    """``"J/M"`` -> ``{"joint": J, "max": M}``; ``"kN"`` -> ``{"k": N}``.
+    """``"J/M"`` -> ``{"joint": J, "max": M}``; ``"kN"`` -> ``{"k": N}``; ``"default"`` -> ``{}``.
 
     Raises:
         argparse.ArgumentTypeError: anything else.
     """
     try:
+        if text == "default":
+            return {}
         if text.startswith("k"):
             return {"k": int(text[1:])}
         joint, cap = text.split("/")
@@ -50,6 +55,9 @@ def main(argv=None) -> int:
     parser.add_argument("--first", type=int, default=20, help="first HumanEval problem (default 20)")
     parser.add_argument("--last", type=int, default=25, help="one past the last HumanEval problem (default 25)")
     parser.add_argument("--schedules", nargs="+", type=parse_schedule, required=True, metavar="J/M|kN")
+    parser.add_argument("--algorithm", default="slem", choices=("slem", "tli", "slrs"))
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="sampling seeds (default 0)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
@@ -58,15 +66,19 @@ def main(argv=None) -> int:
 
     target, target_tok = zoo.load(args.target, dtype=args.dtype)
     drafter, drafter_tok = zoo.load(args.drafter, dtype=args.dtype)
-    names = ["target"] + [f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}" for s in args.schedules]
+    names = ["target"] + [f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}" if s else "default"
+                          for s in args.schedules]
     totals = {name: [0, 0.0, 0, 0] for name in names}  # new tokens, seconds, target forwards, drafted tokens
     saved = dict(plan.SLEM_DEFAULTS)
     try:
         for prompt in code_prompts(args.last)[args.first:]:
             ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
-            for name, schedule in zip(names, [None] + args.schedules):
-                runner = Runner(target, target_tok, drafter, drafter_tok, algorithm="slem",
-                                max_new_tokens=args.max_new_tokens, lookahead=(schedule or {}).get("k"))
+            sampled = args.temperature > 0
+            for seed, name, schedule in [(seed, n, s) for seed in (args.seeds if sampled else [0])
+                                         for n, s in zip(names, [None] + args.schedules)]:
+                runner = Runner(target, target_tok, drafter, drafter_tok, algorithm=args.algorithm,
+                                max_new_tokens=args.max_new_tokens, lookahead=(schedule or {}).get("k"),
+                                do_sample=sampled, temperature=args.temperature if sampled else None, seed=seed)
                 if schedule is None:
                     run = runner.target_alone(ids)
                 else:
@@ -79,7 +91,7 @@ def main(argv=None) -> int:
                 total[1] += run.seconds
                 total[2] += run.target_forwards or 0
                 total[3] += run.drafted_tokens or 0
-                print(f"{prompt.prompt_id} {name}: {run.new_tokens} tokens in {run.seconds:.1f} s, "
+                print(f"{prompt.prompt_id} seed {seed} {name}: {run.new_tokens} tokens in {run.seconds:.1f} s, "
                       f"{run.target_forwards} target forwards, {run.drafted_tokens} drafted", flush=True)
     finally:
         plan.SLEM_DEFAULTS.update(saved)

@@ -66,11 +66,15 @@ class SlemDefault:
 #:   0.5/32 2.18x, 0.5/12 2.22x;
 #: * int8 runtimes (c = 0.06-0.08): 0.2/16 ran 2.75x on HumanEval/20-24 against 2.36x for 0.35/12, 2.71x for
 #:   0.25/16 and 2.46x for 0.15/20.
+#:
+#: The compiled runtime (CUDA graphs on a GPU) gets the low-cost schedule by analogy: it exists to make the
+#: drafter's step cheap, and no GPU was available to tune it.
 SLEM_DEFAULTS: dict[str, SlemDefault] = {
     "eager": SlemDefault(0.35, 12),
     "float32": SlemDefault(0.35, 12),
     "int8": SlemDefault(0.2, 16),
     "int8-static": SlemDefault(0.2, 16),
+    "compiled": SlemDefault(0.2, 16),
 }
 #: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
 MIN_TLI_SHARE = 0.01

@@ -16,10 +16,20 @@ prepared once and cached while the drafter lives; the user's drafter is never ch
   no per-call mask building. For the Llama / Mistral / Qwen2 / Qwen3 decoder family, checked against the
   model's own logits when the copy is made. Measured 1.3x cheaper than ``"int8"`` per step (SmolLM2-135M:
   25.5 ms against 34.3 ms, one thread, interleaved).
+* ``"compiled"``: hf_hetspec's own step (same layouts as ``"int8-static"``) with the drafter's weights as they
+  are (float32 on the CPU), its one-token step compiled by ``torch.compile`` over a KV cache of fixed size and
+  fixed address (:meth:`~hf_hetspec.static_drafter.StaticCacheDecoder.fixed_step`); on CUDA with CUDA graphs
+  (``mode="reduce-overhead"``, :data:`COMPILE_MODES`), which replay a whole step as one launch. Compiling takes
+  tens of seconds, paid once per drafter and process when the copy is made (a status line says so; inductor
+  keeps its compiled kernels on disk, so a later process mostly re-traces). Only one decoding at a time may
+  use a compiled drafter (its cache is shared by the calls).
 * ``"auto"`` (default): on CPU, for a drafter of at least :data:`AUTO_INT8_MIN_PARAMETERS` non-embedding
   weights when PyTorch has a quantized CPU engine, ``"int8-static"`` where the step runs the drafter, else
-  ``"int8"``; otherwise ``"eager"`` (with a one-line note when int8 was wanted but is unavailable). On other
-  devices ``"eager"``.
+  ``"int8"``; otherwise ``"eager"`` (with a one-line note when int8 was wanted but is unavailable). On CUDA,
+  ``"compiled"`` when PyTorch can compile for the GPU (Triton installed), else ``"eager"`` with a note; a
+  drafter that the step does not run or that fails to compile falls back to ``"eager"`` with a note. On other
+  devices ``"eager"``. On this project's CPU ``"compiled"`` measured slower than ``"int8-static"``
+  (``benchmarks/drafter_runtime.py``): a float32 step reads four times the bytes of an int8 one.
 
 Why PyTorch's dynamic quantization and not torchao: measured on this project's 2-core x86 CPU (torch 2.13,
 torchao 0.18, one thread, SmolLM2-135M, ``benchmarks/drafter_runtime.py``), torchao's
@@ -48,10 +58,13 @@ from transformers import PreTrainedModel
 from . import static_drafter
 from .compat import quiet_quantization_warnings
 from .drafter import max_positions, model_device
+from .status import status
 
-RUNTIMES = ("auto", "eager", "float32", "int8", "int8-static")
+RUNTIMES = ("auto", "eager", "float32", "int8", "int8-static", "compiled")
 #: Runtimes with int8 linear layers (CPU only).
 INT8_RUNTIMES = ("int8", "int8-static")
+#: ``torch.compile`` mode of the ``"compiled"`` runtime per device type (others: inductor's default).
+COMPILE_MODES = {"cuda": "reduce-overhead"}
 
 #: ``"auto"`` quantizes drafters whose linear layers other than the LM head hold at least this many weights
 #: (SmolLM2-135M: 106M, Gemma-3-270M: 100M): below it a step is dominated by Python and kernel-launch overhead
@@ -99,7 +112,8 @@ def resolve_runtime(drafter: PreTrainedModel, runtime: str = "auto") -> tuple[st
     Returns:
         ``(runtime, note)`` with ``runtime`` one of :data:`RUNTIMES` other than ``"auto"``. ``"auto"`` on CPU
         resolves to ``"int8-static"``; :func:`prepare_drafter` falls back to ``"int8"`` (no note) where the
-        static step does not run the drafter.
+        static step does not run the drafter. ``"auto"`` on CUDA resolves to ``"compiled"``; the copy may still
+        fall back to ``"eager"`` (with a note) in :func:`prepare_drafter`.
 
     Raises:
         ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or an int8 runtime is asked for a drafter
@@ -114,6 +128,11 @@ def resolve_runtime(drafter: PreTrainedModel, runtime: str = "auto") -> tuple[st
         raise ValueError(f"hetspec_drafter={runtime!r}: {where}; use hetspec_drafter='auto' or 'eager'.")
     if runtime != "auto":
         return runtime, ""
+    device = model_device(drafter)
+    if device.type == "cuda":
+        if not _has_triton():
+            return "eager", "compiled drafter unavailable (torch.compile needs Triton on CUDA): eager drafter"
+        return "compiled", ""
     if not on_cpu or _decoder_linear_weights(drafter) < AUTO_INT8_MIN_PARAMETERS:
         return "eager", ""
     if engine is None:
@@ -138,10 +157,13 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     do not support. ``"auto"`` then falls back to the drafter as loaded, with a note. Where the static step
     does not run the drafter (:func:`hf_hetspec.static_drafter.build`), ``"auto"`` uses ``"int8"``.
 
+    A copy that takes time announces itself with two status lines (:func:`hf_hetspec.status.status`): before
+    (what is made, e.g. compiling) and after (seconds and memory).
+
     Raises:
         ValueError: as :func:`resolve_runtime`, before any copy is made; an int8 runtime for a drafter whose
-            int8 copy does not run, or ``"int8-static"`` for a drafter the static step does not run (after the
-            copy is made, before any decoding).
+            int8 copy does not run, ``"int8-static"`` or ``"compiled"`` for a drafter the static step does not
+            run, or ``"compiled"`` where ``torch.compile`` fails (after the copy is made, before any decoding).
     """
     resolved, note = resolve_runtime(drafter, runtime)
     float32 = all(p.dtype == torch.float32 for p in drafter.parameters())
@@ -151,16 +173,22 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     version = _weights_version(drafter)
     seconds = 0.0
     if getattr(per_drafter.get(resolved), "version", None) != version:
+        status(f"preparing the drafter's {resolved} copy ({_WHY_IT_TAKES[resolved]}, once per drafter) ...")
         start = time.perf_counter()
         per_drafter[resolved] = _make_copy(drafter, resolved, version)
         seconds = time.perf_counter() - start
+        made = per_drafter[resolved]
+        status(f"the drafter's {resolved} copy: " + (
+            f"not used ({made.problem}), {seconds:.1f} s" if made.problem else
+            f"ready in {seconds:.1f} s, {made.memory_bytes / 2**20:.0f} MiB"))
     made = per_drafter[resolved]
     if made.problem and runtime == "auto":
-        why = f"int8 drafter unavailable ({made.problem}): eager drafter"
-        return PreparedDrafter(drafter, "eager", 0, seconds, why)
+        what = "int8" if resolved in INT8_RUNTIMES else resolved
+        return PreparedDrafter(drafter, "eager", 0, seconds, f"{what} drafter unavailable ({made.problem}): eager drafter")
     if made.problem:
-        raise ValueError(f"hetspec_drafter={runtime!r}: this drafter does not run with int8 linear layers "
-                         f"({made.problem}); use hetspec_drafter='auto' or 'eager'.")
+        what = "with int8 linear layers" if resolved in INT8_RUNTIMES else f"as {resolved!r}"
+        raise ValueError(f"hetspec_drafter={runtime!r}: this drafter does not run {what} ({made.problem}); use "
+                         f"hetspec_drafter='auto' or 'eager'.")
     if made.static_problem and runtime != "auto":
         raise ValueError(f"hetspec_drafter={runtime!r}: hf_hetspec's decoding step does not run this drafter "
                          f"({made.static_problem}); use hetspec_drafter='int8' or 'auto'.")
@@ -181,9 +209,16 @@ class _Copy:
     memory_bytes: int = 0
 
 
+#: What the status line says a copy's preparation does.
+_WHY_IT_TAKES = {"float32": "copying", "int8": "quantizing", "int8-static": "quantizing",
+                 "compiled": "compiling its step with torch.compile"}
+
+
 def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
-    """The copy for ``runtime`` in ``("float32", "int8", "int8-static")``; ``"int8-static"`` becomes ``"int8"``
-    where the static step does not run the drafter (:func:`hf_hetspec.static_drafter.build`)."""
+    """The copy for ``runtime`` in ``("float32", "int8", "int8-static", "compiled")``; ``"int8-static"`` becomes
+    ``"int8"`` where the static step does not run the drafter (:func:`hf_hetspec.static_drafter.build`)."""
+    if runtime == "compiled":
+        return _compiled_copy(drafter, version)
     model = _float32_copy(drafter)
     if runtime == "float32":
         return _Copy(version, model, runtime, memory_bytes=model_bytes(model))
@@ -196,6 +231,34 @@ def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     problem = _quantize_int8(model, names)
     return _Copy(version, None if problem else model, "int8" if static_problem else runtime, problem, static_problem,
                  model_bytes(model))
+
+
+def _compiled_copy(drafter: PreTrainedModel, version: tuple) -> _Copy:
+    """The ``"compiled"`` copy: hf_hetspec's step over a copy of the drafter (float32 on the CPU, the drafter's
+    dtype elsewhere), its one-token step compiled and run once per compiled shape before it is handed out, so
+    that compiling (and recording CUDA graphs) is paid here; its logits checked against the eager step's."""
+    device = model_device(drafter)
+    model = _float32_copy(drafter) if device.type == "cpu" else _float32_copy(drafter, dtype=None)
+    static, why = static_drafter.build(model, max_positions(model))
+    if static is None:
+        return _Copy(version, None, "compiled", problem=f"hf_hetspec's step does not run it: {why}")
+    try:
+        mismatch = static_drafter.warm_up_compiled(static, COMPILE_MODES.get(device.type))
+    except Exception as err:  # noqa: BLE001 -- dynamo, inductor and the C++ / Triton toolchains raise many types
+        return _Copy(version, None, "compiled", problem=f"torch.compile failed: {type(err).__name__}: "
+                                                        f"{str(err).strip().splitlines()[0][:100] if str(err).strip() else ''}")
+    if mismatch:
+        return _Copy(version, None, "compiled", problem=mismatch)
+    return _Copy(version, static, "compiled", memory_bytes=model_bytes(static) + static.cache_bytes())
+
+
+def _has_triton() -> bool:
+    """Whether ``torch.compile`` can generate GPU kernels (Triton is installed)."""
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:
+        return False
+    return has_triton()
 
 
 def model_bytes(model: torch.nn.Module) -> int:
@@ -228,10 +291,12 @@ def _weights_version(model: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def _float32_copy(drafter: PreTrainedModel) -> PreTrainedModel:
-    """An independent float32 copy in eval mode (ties between weights, e.g. embedding and LM head, kept)."""
+def _float32_copy(drafter: PreTrainedModel, dtype: torch.dtype | None = torch.float32) -> PreTrainedModel:
+    """An independent copy in eval mode in ``dtype`` (``None``: the drafter's), ties between weights (e.g.
+    embedding and LM head) kept."""
     model = copy.deepcopy(drafter)
-    model.to(torch.float32)
+    if dtype is not None:
+        model.to(dtype)
     model.eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)

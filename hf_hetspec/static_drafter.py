@@ -39,6 +39,10 @@ from .compat import output_cache_kwargs
 
 #: Positions allocated for a new cache (grown by doubling up to the drafter's maximum context).
 INITIAL_POSITIONS = 512
+#: Positions allocated for the compiled step's cache (:meth:`StaticCacheDecoder.compile_step`): its shapes are
+#: compiled in, so it starts large (each doubling compiles the step again); one-token steps attend over all of
+#: them under a mask (SmolLM2-135M: 94 MiB in bf16).
+COMPILED_POSITIONS = 4096
 #: Feeds of at least this many tokens (a prompt, a context rebuilt after truncation) run float projections
 #: when the step keeps them (:meth:`StaticCacheDrafter.keep_float_prefill`); shorter ones (one-token steps,
 #: re-tokenized tails of a few tokens) run the step's own, e.g. int8, projections.
@@ -61,11 +65,14 @@ class StaticKVCache:
         layers, kv_heads, head_dim: the drafter's attention shape.
         dtype, device: of the stored keys and values.
         capacity: the drafter's maximum context (``None``: unbounded).
+        static_addresses: mark every allocation as a static input of compiled code
+            (``torch._dynamo.mark_static_address``): CUDA graphs then write into it in place instead of copying it.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
-                 capacity: int | None):
+                 capacity: int | None, static_addresses: bool = False):
         self.capacity = capacity
+        self.static_addresses = static_addresses
         self.length = 0
         self._shape = (1, kv_heads, 0, head_dim)
         self._dtype, self._device = dtype, device
@@ -75,7 +82,10 @@ class StaticKVCache:
     def _empty(self, positions: int) -> torch.Tensor:
         shape = list(self._shape)
         shape[2] = positions
-        return torch.zeros(shape, dtype=self._dtype, device=self._device)
+        tensor = torch.zeros(shape, dtype=self._dtype, device=self._device)
+        if self.static_addresses:
+            torch._dynamo.mark_static_address(tensor)
+        return tensor
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Positions held."""
@@ -152,6 +162,7 @@ class StaticCacheDecoder(torch.nn.Module):
             for layer, kind in zip(decoder.layers, types)
         )
         self.rotary_keys = sorted({layer.rotary_key for layer in self.layers}, key=str)
+        self.compiled_step = None  # compile_step
 
     def forward(self, input_ids: torch.LongTensor, cache: StaticKVCache | None = None, use_cache: bool = True,
                 **_) -> BaseModelOutputWithPast:
@@ -162,55 +173,131 @@ class StaticCacheDecoder(torch.nn.Module):
         return BaseModelOutputWithPast(last_hidden_state=self.hidden_states(input_ids, cache))
 
     def new_cache(self) -> StaticKVCache:
-        """An empty cache (keys and values in the embeddings' dtype, on their device)."""
+        """An empty cache (keys and values in the embeddings' dtype, on their device). With a compiled step
+        (:meth:`compile_step`) it is always the same cache, emptied: compiled code and CUDA graphs keep its
+        addresses, so one decoding at a time uses a compiled drafter."""
+        if self.compiled_step is not None:
+            self._compiled_cache.length = 0
+            return self._compiled_cache
         embed = self.embed_tokens.weight
         return StaticKVCache(*self._kv_shape, dtype=embed.dtype, device=embed.device, capacity=self.capacity)
 
     def hidden_states(self, input_ids: torch.LongTensor, cache: StaticKVCache) -> torch.Tensor:
+        """The final norm's output (``(1, m, hidden)``) for ``input_ids`` (``(1, m)``) after the cache's positions;
+        the cache is extended by ``m`` positions. One-token steps run the compiled step when one was made
+        (:meth:`compile_step`), everything else this module's eager step."""
         start, m = cache.length, input_ids.shape[1]
-        end = start + m
-        cache.reserve(end)
+        cache.reserve(start + m)
+        if m == 1 and self.compiled_step is not None:
+            if input_ids.device.type == "cuda":  # the previous replay's outputs are no longer read
+                torch.compiler.cudagraph_mark_step_begin()
+            position = torch.tensor([start], device=input_ids.device)
+            # one stride for every one-token feed (a slice of a longer tensor would recompile the step)
+            token = input_ids.as_strided((1, 1), (1, 1))
+            hidden = self.compiled_step(token, position, cache.keys, cache.values).clone()
+        else:
+            hidden = self._eager_step(input_ids, start, cache.keys, cache.values)
+        cache.length = start + m
+        return hidden
+
+    def compile_step(self, mode: str | None, compile: bool = True) -> None:
+        """Run one-token steps through ``torch.compile`` (``mode``: e.g. ``"reduce-overhead"`` for CUDA graphs,
+        ``None`` for inductor's default) from now on: :meth:`fixed_step`, whose shapes do not change while the
+        cache keeps its allocation of :data:`COMPILED_POSITIONS` positions (a longer context doubles it, which
+        compiles the step again). Compilation happens at the first one-token step. ``compile=False`` runs
+        :meth:`fixed_step` as it is (to check it, or to debug without a compiler)."""
+        embed = self.embed_tokens.weight
+        self._compiled_cache = StaticKVCache(*self._kv_shape, dtype=embed.dtype, device=embed.device,
+                                             capacity=self.capacity, static_addresses=True)
+        positions = COMPILED_POSITIONS if self.capacity is None else min(COMPILED_POSITIONS, self.capacity)
+        self._compiled_cache.reserve(positions)
+        self.compiled_step = (torch.compile(self.fixed_step, mode=mode, fullgraph=True, dynamic=False) if compile
+                              else self.fixed_step)
+
+    def _embed(self, input_ids: torch.LongTensor, positions: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Token embeddings ``(1, m, hidden)`` and, per rotary kind, ``cos, sin`` of shape ``(1, 1, m, head_dim)``
+        at ``positions`` (``(1, m)``)."""
         x = self.embed_tokens(input_ids)
-        positions = torch.arange(start, end, device=x.device)[None]
-        rotations = {}  # per rotary kind: cos, sin of shape (1, 1, m, head_dim)
+        rotations = {}
         for key in self.rotary_keys:
             cos, sin = self.rotary_emb(x, positions) if key is None else self.rotary_emb(x, positions, key)
             rotations[key] = cos[:, None], sin[:, None]
+        return x, rotations
+
+    def _eager_step(self, input_ids: torch.LongTensor, start: int, keys: list, values: list) -> torch.Tensor:
+        """:meth:`hidden_states` for any feed: the cache's valid positions as slices (of a window's positions
+        for sliding-window layers), a causal (and window) mask only for feeds of several tokens."""
+        m = input_ids.shape[1]
+        end = start + m
+        x, rotations = self._embed(input_ids, torch.arange(start, end, device=input_ids.device)[None])
         masks = {}
         for i, layer in enumerate(self.layers):
             proj = layer.prefill if m >= FLOAT_FEED_MIN and layer.prefill is not None else layer.step
-            cos, sin = rotations[layer.rotary_key]
-            h = _norm(layer.input_norm, x)
-            q, k, v = proj["qkv"](h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-            q = q.view(1, m, -1, layer.head_dim)
-            k = k.view(1, m, -1, layer.head_dim)
-            if layer.q_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = v.view(1, m, -1, layer.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys, values = cache.keys[i], cache.values[i]
-            keys[:, :, start:end] = k
-            values[:, :, start:end] = v
-            # a one-token step attends to the window's last positions (all of them without a window); a longer
-            # feed needs the causal (and window) mask over the positions from the window's first one
-            first = 0 if layer.window is None else max(0, start - layer.window + 1)
-            mask = None
-            if m > 1:
-                if layer.window not in masks:
-                    masks[layer.window] = _mask(start, end, first, layer.window, x.device)
-                mask = masks[layer.window]
-            attended = F.scaled_dot_product_attention(
-                q, keys[:, :, first:end], values[:, :, first:end], attn_mask=mask, scale=layer.scaling,
-                enable_gqa=True)
-            out = proj["o_proj"](attended.transpose(1, 2).reshape(1, m, -1))
-            x = x + (out if layer.attention_out_norm is None else _norm(layer.attention_out_norm, out))
-            gate, up = proj["gate_up"](_norm(layer.mlp_in_norm, x)).chunk(2, dim=-1)
-            out = proj["down_proj"](layer.act_fn(gate) * up)
-            x = x + (out if layer.mlp_out_norm is None else _norm(layer.mlp_out_norm, out))
-        cache.length = end
+
+            def attend(q, k, v, layer=layer, i=i):
+                keys[i][:, :, start:end] = k
+                values[i][:, :, start:end] = v
+                # a one-token step attends to the window's last positions (all of them without a window); a
+                # longer feed needs the causal (and window) mask over the positions from the window's first one
+                first = 0 if layer.window is None else max(0, start - layer.window + 1)
+                mask = None
+                if m > 1:
+                    if layer.window not in masks:
+                        masks[layer.window] = _mask(start, end, first, layer.window, x.device)
+                    mask = masks[layer.window]
+                return F.scaled_dot_product_attention(q, keys[i][:, :, first:end], values[i][:, :, first:end],
+                                                      attn_mask=mask, scale=layer.scaling, enable_gqa=True)
+
+            x = _decoder_layer(layer, proj, x, rotations[layer.rotary_key], attend)
         return _norm(self.norm, x)
+
+    def fixed_step(self, input_ids: torch.LongTensor, position: torch.LongTensor, keys: list,
+                   values: list) -> torch.Tensor:
+        """:meth:`hidden_states` of one token (``input_ids`` ``(1, 1)``) at ``position`` (``(1,)``, on the
+        cache's device) with shapes that depend on the cache's allocation only, for ``torch.compile`` and CUDA
+        graphs: the key and value are written with ``index_copy_`` and attention reads every allocated
+        position under a mask computed from ``position`` (positions past it, rolled-back drafts included, and
+        positions outside a sliding window are masked). Returns ``(1, 1, hidden)``."""
+        x, rotations = self._embed(input_ids, position[None])
+        span = torch.arange(keys[0].shape[2], device=position.device)
+        masks = {}
+        for i, layer in enumerate(self.layers):
+            if layer.window not in masks:
+                seen = span <= position
+                if layer.window is not None:
+                    seen = seen & (span > position - layer.window)
+                masks[layer.window] = seen[None, None, None]
+
+            def attend(q, k, v, layer=layer, i=i):
+                keys[i].index_copy_(2, position, k)
+                values[i].index_copy_(2, position, v)
+                return F.scaled_dot_product_attention(q, keys[i], values[i], attn_mask=masks[layer.window],
+                                                      scale=layer.scaling, enable_gqa=True)
+
+            x = _decoder_layer(layer, layer.step, x, rotations[layer.rotary_key], attend)
+        return _norm(self.norm, x)
+
+
+def _decoder_layer(layer: _Layer, proj: torch.nn.ModuleDict, x: torch.Tensor, rotation: tuple, attend) -> torch.Tensor:
+    """One decoder layer on ``x`` (``(1, m, hidden)``) with the projections ``proj``; ``attend(q, k, v)`` (rotated,
+    ``(1, heads, m, head_dim)``) stores the new keys and values and returns the attention output."""
+    m = x.shape[1]
+    cos, sin = rotation
+    h = _norm(layer.input_norm, x)
+    q, k, v = proj["qkv"](h).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+    q = q.view(1, m, -1, layer.head_dim)
+    k = k.view(1, m, -1, layer.head_dim)
+    if layer.q_norm is not None:
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    v = v.view(1, m, -1, layer.head_dim).transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    out = proj["o_proj"](attend(q, k, v).transpose(1, 2).reshape(1, m, -1))
+    x = x + (out if layer.attention_out_norm is None else _norm(layer.attention_out_norm, out))
+    gate, up = proj["gate_up"](_norm(layer.mlp_in_norm, x)).chunk(2, dim=-1)
+    out = proj["down_proj"](layer.act_fn(gate) * up)
+    return x + (out if layer.mlp_out_norm is None else _norm(layer.mlp_out_norm, out))
 
 
 class StaticCacheDrafter(torch.nn.Module):
@@ -240,6 +327,13 @@ class StaticCacheDrafter(torch.nn.Module):
     def new_cache(self) -> StaticKVCache:
         """An empty cache for this drafter."""
         return self.model.new_cache()
+
+    def cache_bytes(self) -> int:
+        """Bytes held by the compiled step's cache (0 without a compiled step)."""
+        if self.model.compiled_step is None:
+            return 0
+        cache = self.model.new_cache()
+        return sum(t.numel() * t.element_size() for t in cache.keys + cache.values)
 
     def keep_float_prefill(self) -> None:
         """Keep float copies of the projections for feeds of :data:`FLOAT_FEED_MIN` tokens or more, before the
@@ -377,8 +471,46 @@ def build(model: PreTrainedModel, capacity: int | None) -> tuple[StaticCacheDraf
     cache.crop(-2)
     mine.append(drafter(ids[:, 6:8], cache).logits[0, -1])
     reference = [model(input_ids=ids[:, :n], use_cache=False).logits[0, -1] for n in (6, 7, 8, 8)]
-    for got, want in zip(mine, reference):
-        scale = float(want.abs().max())
-        if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=1e-3, atol=1e-3 * scale):
-            return None, "its logits differ from the model's own (a layout variant this step does not run)"
+    if not _close(mine, reference):
+        return None, "its logits differ from the model's own (a layout variant this step does not run)"
     return drafter, ""
+
+
+@torch.no_grad()
+def warm_up_compiled(drafter: StaticCacheDrafter, mode: str | None) -> str:
+    """Compile ``drafter``'s one-token step (:meth:`StaticCacheDecoder.compile_step` with ``mode``) and run it
+    until compiled (and, with CUDA graphs, recorded): a 6-token prompt, three one-token steps, a rollback of two
+    positions and a step again, each compared with the eager step's logits.
+
+    Returns:
+        ``""``, or why the compiled step's logits differ.
+
+    Raises:
+        whatever ``torch.compile`` raises when it cannot compile (no C++ compiler, no Triton, ...).
+    """
+    device = drafter.get_input_embeddings().weight.device
+    ids = torch.arange(3, 12, device=device)[None] % drafter.get_input_embeddings().weight.shape[0]
+    cache = drafter.new_cache()
+    want = [drafter(ids[:, : n], cache).logits[0, -1].clone() for n in (6,)]
+    want += [drafter(ids[:, n : n + 1], cache).logits[0, -1].clone() for n in (6, 7, 8)]
+    drafter.model.compile_step(mode)
+    cache = drafter.new_cache()
+    got = [drafter(ids[:, :6], cache).logits[0, -1]] + [drafter(ids[:, n : n + 1], cache).logits[0, -1]
+                                                        for n in (6, 7, 8)]
+    cache.crop(-2)
+    got.append(drafter(ids[:, 7:8], cache).logits[0, -1])
+    if not _close(got, want + [want[2]]):
+        drafter.model.compiled_step = None
+        return "the compiled step's logits differ from the eager step's"
+    return ""
+
+
+def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    """Whether each pair of logit vectors agrees to rounding (relative to the largest logit: 1e-3 in float32,
+    3e-2 in half precision, whose rounding alone reaches 4e-3 per operation)."""
+    for a, b in zip(got, want):
+        tol = 1e-3 if b.dtype == torch.float32 else 3e-2
+        scale = float(b.abs().max())
+        if a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * scale):
+            return False
+    return True

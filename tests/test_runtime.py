@@ -23,7 +23,7 @@ from hf_hetspec.testing import toy
 from hf_hetspec.tli import TLIProposer
 from conftest import ForwardCounter
 
-RUNTIMES = ("eager", "float32", "int8", "int8-static")
+RUNTIMES = ("eager", "float32", "int8", "int8-static", "compiled")
 ALGORITHMS = ("slem", "tli", "slrs")
 T07 = dict(temperature=0.7, top_k=5)
 ALPHA, REJECT = 1e-3, 1e-6
@@ -80,9 +80,9 @@ def test_int8_drafter_prunes_its_quantized_head_for_tli_and_stays_exact(real_pai
 
 
 # SLEM hands verification no q (exact match): its greedy test says most; TLI's q and SLRS's psi run by default
-@pytest.mark.parametrize("drafter_runtime", runtime.INT8_RUNTIMES)
+@pytest.mark.parametrize("drafter_runtime", runtime.INT8_RUNTIMES + ("compiled",))
 @pytest.mark.parametrize("algorithm", [pytest.param("slem", marks=pytest.mark.slow), "tli", "slrs"])
-def test_sampling_with_the_int8_drafter_is_lossless(toy_pair, algorithm, drafter_runtime):
+def test_sampling_with_the_fast_drafters_is_lossless(toy_pair, algorithm, drafter_runtime):
     ids = _ids(toy_pair, "the")
     expected = exact_target_distribution(toy_pair.target, ids, 2, **T07)
     sampler = hetspec_sampler(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
@@ -174,11 +174,12 @@ def test_auto_keeps_tiny_drafters_eager_and_quantizes_large_ones_on_cpu(toy_pair
         runtime.resolve_runtime(toy_pair.drafter, "int8")
 
 
-@pytest.mark.parametrize("value", ["compiled", "INT8", 8, None])
+@pytest.mark.parametrize("value", ["cuda-graphs", "INT8", 8, None])
 def test_unknown_runtime_is_refused_before_any_work(toy_pair, value):
     counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
     try:
-        with pytest.raises(ValueError, match=r"hetspec_drafter=.*use one of auto, eager, float32, int8, int8-static"):
+        with pytest.raises(ValueError, match=r"hetspec_drafter=.*use one of auto, eager, float32, int8, int8-static, "
+                                             r"compiled"):
             _hetspec(toy_pair, _ids(toy_pair, "the"), hetspec_drafter=value, max_new_tokens=4) if value else \
                 runtime.prepare_drafter(toy_pair.drafter, value)
     finally:
@@ -218,3 +219,45 @@ def test_a_drafter_whose_int8_copy_does_not_run_stays_eager_under_auto(monkeypat
     assert runtime.prepare_drafter(drafter, "auto").prepare_s == 0.0  # the failed copy is not made again
     with pytest.raises(ValueError, match="hetspec_drafter='int8': this drafter does not run with int8"):
         runtime.prepare_drafter(drafter, "int8")
+
+
+def test_the_compiled_copy_runs_a_compiled_step_and_is_made_once(toy_pair):
+    prepared = runtime.prepare_drafter(toy_pair.drafter, "compiled")
+    decoder = prepared.model.get_decoder()
+    assert prepared.runtime == "compiled" and decoder.compiled_step is not None
+    assert decoder.compiled_step is not decoder.fixed_step  # torch.compile's wrapper, not the plain method
+    assert prepared.memory_bytes > prepared.model.cache_bytes() > 0
+    assert runtime.prepare_drafter(toy_pair.drafter, "compiled").prepare_s == 0.0
+
+
+def test_auto_on_cuda_picks_the_compiled_runtime_and_falls_back_to_eager_with_a_note(toy_pair, monkeypatch):
+    """No GPU here: the drafter is made to look as if it were on CUDA (``model_device``)."""
+    drafter = copy.deepcopy(toy_pair.drafter)
+    monkeypatch.setattr(runtime, "model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr(runtime, "_has_triton", lambda: False)
+    resolved, note = runtime.resolve_runtime(drafter, "auto")
+    assert resolved == "eager" and "Triton" in note
+    monkeypatch.setattr(runtime, "_has_triton", lambda: True)
+    assert runtime.resolve_runtime(drafter, "auto") == ("compiled", "")
+
+    def no_compiler(step, mode):
+        assert mode == "reduce-overhead"  # CUDA graphs on CUDA
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    monkeypatch.setattr(runtime.static_drafter, "warm_up_compiled", no_compiler)
+    prepared = runtime.prepare_drafter(drafter, "auto")
+    assert prepared.model is drafter and prepared.runtime == "eager"
+    assert prepared.note.startswith("compiled drafter unavailable (torch.compile failed: RuntimeError")
+    with pytest.raises(ValueError, match=r"hetspec_drafter='compiled': this drafter does not run as 'compiled' "
+                                         r"\(torch.compile failed.*\); use hetspec_drafter='auto' or 'eager'"):
+        runtime.prepare_drafter(drafter, "compiled")
+
+
+def test_making_a_copy_says_so_on_one_status_line_before_and_after(toy_pair, capsys):
+    drafter = copy.deepcopy(toy_pair.drafter)
+    runtime.prepare_drafter(drafter, "int8")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("hf_hetspec: preparing the drafter's int8 copy (quantizing, once per drafter)")
+    assert lines[1].startswith("hf_hetspec: the drafter's int8 copy: ready in ") and lines[1].endswith(" MiB")
+    runtime.prepare_drafter(drafter, "int8")
+    assert capsys.readouterr().err == ""  # cached: no pause, no line

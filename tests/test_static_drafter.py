@@ -52,12 +52,19 @@ def _reference(model, ids: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
 
 
+@pytest.mark.parametrize("one_token", ["eager", "fixed"])
 @pytest.mark.parametrize("name,make", list(_models()), ids=[n for n, _ in _models()])
-def test_logits_equal_the_models_own_through_steps_rollbacks_and_growth(name, make, monkeypatch):
+def test_logits_equal_the_models_own_through_steps_rollbacks_and_growth(name, make, one_token, monkeypatch):
+    """``one_token="fixed"``: one-token steps run the compiled runtime's fixed-shape step (uncompiled here, the
+    same Python ``torch.compile`` traces), which attends over the whole allocation under a mask: positions
+    rolled back keep stale keys that the mask must hide."""
     monkeypatch.setattr(static_drafter, "INITIAL_POSITIONS", 8)  # the cache grows twice below
+    monkeypatch.setattr(static_drafter, "COMPILED_POSITIONS", 8)
     model = make()
     step, why = static_drafter.build(model, max_positions(model))
     assert step is not None, why
+    if one_token == "fixed":
+        step.get_decoder().compile_step(None, compile=False)
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (40,), generator=generator).tolist()
     cache = step.new_cache()
