@@ -24,7 +24,7 @@ import math
 import os
 from pathlib import Path
 
-from ..plan import ALGORITHMS, IMPLEMENTED
+from ..plan import ALGORITHMS, IMPLEMENTED, VERIFICATIONS
 
 FORMAT = 1
 
@@ -49,6 +49,7 @@ def _integer(low: int):
 SETTINGS = {
     "hetspec_algorithm": (lambda v: v in ALGORITHMS, f"one of {', '.join(ALGORITHMS)}"),
     "hetspec_draft_temperature": (_real(0), "a real number >= 0"),
+    "hetspec_verification": (lambda v: v in VERIFICATIONS, f"one of {', '.join(VERIFICATIONS)}"),
     "num_assistant_tokens": (_integer(1), "an integer >= 1"),
     "do_sample": (lambda v: isinstance(v, bool), "true or false"),
     "temperature": (_real(0), "a real number >= 0"),

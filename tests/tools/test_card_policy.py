@@ -89,6 +89,7 @@ def test_settings_outside_the_allow_list_are_refused_before_any_model_loads(tmp_
     ("hetspec_algorithm", "beam"), ("do_sample", "yes"), ("do_sample", 1), ("temperature", "hot"),
     ("temperature", -1.0), ("temperature", float("nan")), ("temperature", True), ("num_assistant_tokens", 0),
     ("num_assistant_tokens", 2.5), ("top_p", 0.0), ("top_k", -1), ("hetspec_draft_temperature", [1]),
+    ("hetspec_verification", "tree"), ("hetspec_verification", True),
 ])
 def test_settings_of_the_wrong_type_are_refused(tmp_path, loads, key, value):
     write(tmp_path, with_settings({key: value}))
@@ -237,10 +238,10 @@ def test_the_custom_generate_attack_runs_no_code(tmp_path, loads):
 
 
 def test_check_settings_allows_exactly_the_documented_keys():
-    assert set(card_policy.SETTINGS) == {"hetspec_algorithm", "hetspec_draft_temperature", "num_assistant_tokens",
-                                         "do_sample", "temperature", "top_k", "top_p"}
-    ok = {"hetspec_algorithm": "auto", "hetspec_draft_temperature": 0, "num_assistant_tokens": 3,
-          "do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 1}
+    assert set(card_policy.SETTINGS) == {"hetspec_algorithm", "hetspec_draft_temperature", "hetspec_verification",
+                                         "num_assistant_tokens", "do_sample", "temperature", "top_k", "top_p"}
+    ok = {"hetspec_algorithm": "auto", "hetspec_draft_temperature": 0, "hetspec_verification": "block",
+          "num_assistant_tokens": 3, "do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 1}
     assert card_policy.check_settings(ok) == ok
     with pytest.raises(PairingError, match="may not set 'generator'"):
         card_policy.check_settings({"generator": torch.Generator()})
