@@ -12,7 +12,8 @@ HumanEval/0-9), e.g.::
     python benchmarks/tune_schedule.py --first 25 --last 30 --schedules 0.35/12 0.5/12 0.35/8 0.25/10 0.2/12
 
 ``J/M`` = threshold ``J`` with cap ``M`` (SLEM); ``kN`` = exactly ``N`` drafter tokens per draft; ``default`` =
-the algorithm's default schedule. ``--algorithm tli --temperature 1 --seeds 0 1`` tunes the sampled
+the algorithm's default schedule; a ``+block`` suffix (``k4+block``) verifies with block verification instead
+of token-level speculative sampling (TLI and SLRS sampling). ``--algorithm tli --temperature 1 --seeds 0 1`` tunes the sampled
 token-level algorithms (each seed reseeds every call; methods stay interleaved per prompt and seed). The
 results behind the defaults are in ``benchmarks/README.md``.
 """
@@ -32,18 +33,21 @@ from hf_hetspec.tools.tasks import chat_ids
 
 
 def parse_schedule(text: str) -> dict:
-    """``"J/M"`` -> ``{"joint": J, "max": M}``; ``"kN"`` -> ``{"k": N}``; ``"default"`` -> ``{}``.
+    """``"J/M"`` -> ``{"joint": J, "max": M}``; ``"kN"`` -> ``{"k": N}``; ``"default"`` -> ``{"default": True}``; with
+``"+block"`` appended, ``"verification": "block"`` added.
 
     Raises:
         argparse.ArgumentTypeError: anything else.
     """
+    base, block = (text[: -len("+block")], True) if text.endswith("+block") else (text, False)
+    extra = {"verification": "block"} if block else {}
     try:
-        if text == "default":
-            return {}
-        if text.startswith("k"):
-            return {"k": int(text[1:])}
-        joint, cap = text.split("/")
-        return {"joint": float(joint), "max": int(cap)}
+        if base == "default":
+            return {"default": True, **extra}
+        if base.startswith("k"):
+            return {"k": int(base[1:]), **extra}
+        joint, cap = base.split("/")
+        return {"joint": float(joint), "max": int(cap), **extra}
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"{text!r}: use J/M (e.g. 0.35/12) or kN (e.g. k4)") from err
 
@@ -66,8 +70,8 @@ def main(argv=None) -> int:
 
     target, target_tok = zoo.load(args.target, dtype=args.dtype)
     drafter, drafter_tok = zoo.load(args.drafter, dtype=args.dtype)
-    names = ["target"] + [f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}" if s else "default"
-                          for s in args.schedules]
+    names = ["target"] + [("default" if "default" in s else f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}")
+                          + ("+block" if "verification" in s else "") for s in args.schedules]
     totals = {name: [0, 0.0, 0, 0] for name in names}  # new tokens, seconds, target forwards, drafted tokens
     saved = dict(plan.SLEM_DEFAULTS)
     try:
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
                                          for n, s in zip(names, [None] + args.schedules)]:
                 runner = Runner(target, target_tok, drafter, drafter_tok, algorithm=args.algorithm,
                                 max_new_tokens=args.max_new_tokens, lookahead=(schedule or {}).get("k"),
-                                do_sample=sampled, temperature=args.temperature if sampled else None, seed=seed)
+                                do_sample=sampled, temperature=args.temperature if sampled else None, seed=seed,
+                                verification=(schedule or {}).get("verification", "token"))
                 if schedule is None:
                     run = runner.target_alone(ids)
                 else:

@@ -314,6 +314,7 @@ class Runner:
         homogeneous_drafter: a drafter with the target's vocabulary for ``"homogeneous"`` (``None``: not run).
         drafter_runtime: hf_hetspec's ``hetspec_drafter`` (:mod:`hf_hetspec.runtime`); transformers' methods
             always run the drafter as loaded.
+        verification: hf_hetspec's ``hetspec_verification`` (``"block"``: TLI and SLRS sampling only).
     """
 
     target: object
@@ -331,6 +332,7 @@ class Runner:
     builtin_drafter_tokenizer: object = None
     homogeneous_drafter: object = None
     drafter_runtime: str = "auto"
+    verification: str = "token"
     device: torch.device = field(init=False)
 
     def __post_init__(self):
@@ -451,6 +453,7 @@ class Runner:
                     hetspec_algorithm=self.algorithm,
                     hetspec_generator=generator,
                     hetspec_drafter=self.drafter_runtime,
+                    hetspec_verification=self.verification,
                     streamer=streamer,
                     **self._assisted(max_new_tokens),
                 ),
