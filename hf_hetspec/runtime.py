@@ -10,7 +10,9 @@ prepared once and cached while the drafter lives; the user's drafter is never ch
 * ``"float32"``: a float32 copy (a bf16 drafter's matmuls are slower than float32 ones on most CPUs).
 * ``"int8"`` (CPU only): a float32 copy whose ``nn.Linear`` layers, LM head included, hold int8 weights
   (one scale per output row) and quantize their activations to int8 on the fly (PyTorch's dynamic
-  quantization, fbgemm/onednn kernels); embeddings and norms stay float32.
+  quantization, fbgemm/onednn kernels); embeddings and norms stay float32. Feeds of
+  :data:`~hf_hetspec.static_drafter.FLOAT_FEED_MIN` tokens or more (a prompt) run float32 copies of the layers
+  other than the head (:class:`~hf_hetspec.static_drafter.FeedSizeLinear`; why: its ``keep_float_prefill``).
 * ``"int8-static"`` (CPU only): the same int8 weights run by hf_hetspec's own decoding step
   (:mod:`hf_hetspec.static_drafter`): a preallocated KV cache that a rollback only rewinds, fused projections,
   no per-call mask building. For the Llama / Mistral / Qwen2 / Qwen3 decoder family, checked against the
@@ -222,12 +224,14 @@ def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     model = _float32_copy(drafter)
     if runtime == "float32":
         return _Copy(version, model, runtime, memory_bytes=model_bytes(model))
-    static_problem, names = "", None
+    static, static_problem = None, ""
     if runtime == "int8-static":
         static, static_problem = static_drafter.build(model, max_positions(model))
-        if static is not None:
-            static.keep_float_prefill()
-            model, names = static, static.step_linear_names()
+    if static is not None:
+        static.keep_float_prefill()
+        model, names = static, static.step_linear_names()
+    else:  # transformers' forward: the same float-prefill rule, layer by layer
+        names = static_drafter.split_feed_sizes(model)
     problem = _quantize_int8(model, names)
     return _Copy(version, None if problem else model, "int8" if static_problem else runtime, problem, static_problem,
                  model_bytes(model))

@@ -398,6 +398,41 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+class FeedSizeLinear(torch.nn.Module):
+    """A linear layer that runs ``prefill`` (float) for feeds of :data:`FLOAT_FEED_MIN` tokens or more and
+    ``step`` (quantized by the int8 runtime) for shorter ones: the float-prefill rule of
+    :meth:`StaticCacheDrafter.keep_float_prefill` for drafters that transformers' forward runs (the ``"int8"``
+    runtime). It has no ``weight``: a model that reads a linear layer's weight directly does not run with int8
+    layers either way (:func:`hf_hetspec.runtime.prepare_drafter` falls back)."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.prefill = _copy_linear(linear)
+        self.step = linear
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        return (self.prefill if rows >= FLOAT_FEED_MIN else self.step)(x)
+
+
+def split_feed_sizes(model: PreTrainedModel) -> list[str]:
+    """Wrap every ``nn.Linear`` of ``model`` except its LM head in :class:`FeedSizeLinear`, in place; returns the
+    qualified names of the layers to quantize: each wrapper's ``step`` and the LM head (which sees one position
+    per drafting step)."""
+    head = model.get_output_embeddings()
+    names = []
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            qualified = f"{name}.{child_name}" if name else child_name
+            if child is head:
+                names.append(qualified)
+            elif type(child) is torch.nn.Linear:
+                setattr(module, child_name, FeedSizeLinear(child))
+                names.append(f"{qualified}.step")
+    return names
+
+
 def _copy_linear(linear: torch.nn.Linear) -> torch.nn.Linear:
     return _fused([linear])
 

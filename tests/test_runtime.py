@@ -261,3 +261,29 @@ def test_making_a_copy_says_so_on_one_status_line_before_and_after(toy_pair, cap
     assert lines[1].startswith("hf_hetspec: the drafter's int8 copy: ready in ") and lines[1].endswith(" MiB")
     runtime.prepare_drafter(drafter, "int8")
     assert capsys.readouterr().err == ""  # cached: no pause, no line
+
+
+@pytest.mark.parametrize("float_prefill", [True, False])
+def test_the_int8_runtime_runs_long_feeds_in_float_and_one_token_steps_in_int8(float_prefill, monkeypatch):
+    """transformers' forward over the ``"int8"`` copy: a prompt-sized feed gives the float model's hidden states
+    (``FeedSizeLinear`` runs its float layer), a one-token step the int8 layers. With the rule off (every feed
+    int8, as before), the prompt's hidden states are no longer the float model's: the check has power."""
+    from hf_hetspec import static_drafter
+    from hf_hetspec.testing.architectures import tiny_model
+
+    ids = torch.arange(3, 3 + static_drafter.FLOAT_FEED_MIN + 2)[None] % 96
+    if not float_prefill:
+        monkeypatch.setattr(static_drafter, "FLOAT_FEED_MIN", 10**9)
+    model = tiny_model("phi3", 96)  # fused qkv: a layout hf_hetspec's own step does not run
+    prepared = runtime.prepare_drafter(model, "int8")
+    assert prepared.runtime == "int8" and not isinstance(prepared.model, static_drafter.StaticCacheDrafter)
+    with torch.no_grad():
+        hidden = prepared.model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        want = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        step = prepared.model(input_ids=ids[:, -1:]).logits[0, -1]
+        float_step = model(input_ids=ids[:, -1:]).logits[0, -1]
+    assert not torch.equal(step, float_step)  # one token: int8 layers
+    if float_prefill:
+        torch.testing.assert_close(hidden, want, rtol=1e-4, atol=1e-4)
+    else:
+        assert not torch.allclose(hidden, want, rtol=1e-4, atol=1e-4)
