@@ -177,9 +177,10 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     if getattr(per_drafter.get(resolved), "version", None) != version:
         status(f"preparing the drafter's {resolved} copy ({_WHY_IT_TAKES[resolved]}, once per drafter) ...")
         start = time.perf_counter()
-        per_drafter[resolved] = _make_copy(drafter, resolved, version)
+        per_drafter[resolved] = made = _make_copy(drafter, resolved, version)
         seconds = time.perf_counter() - start
-        made = per_drafter[resolved]
+        if made.runtime != resolved and not made.problem:  # int8-static fell back: it is the "int8" copy too
+            per_drafter[made.runtime] = made
         status(f"the drafter's {resolved} copy: " + (
             f"not used ({made.problem}), {seconds:.1f} s" if made.problem else
             f"ready in {seconds:.1f} s, {made.memory_bytes / 2**20:.0f} MiB"))
@@ -191,7 +192,7 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
         what = "with int8 linear layers" if resolved in INT8_RUNTIMES else f"as {resolved!r}"
         raise ValueError(f"hetspec_drafter={runtime!r}: this drafter does not run {what} ({made.problem}); use "
                          f"hetspec_drafter='auto' or 'eager'.")
-    if made.static_problem and runtime != "auto":
+    if made.static_problem and runtime == "int8-static":
         raise ValueError(f"hetspec_drafter={runtime!r}: hf_hetspec's decoding step does not run this drafter "
                          f"({made.static_problem}); use hetspec_drafter='int8' or 'auto'.")
     return PreparedDrafter(made.model, made.runtime, made.memory_bytes, seconds, note)

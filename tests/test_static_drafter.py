@@ -124,6 +124,7 @@ def test_auto_uses_the_static_step_where_it_runs_and_int8_elsewhere(monkeypatch)
     with pytest.raises(ValueError, match=r"hetspec_drafter='int8-static': hf_hetspec's decoding step does not "
                                          r"run this drafter \(.*\); use hetspec_drafter='int8' or 'auto'"):
         runtime.prepare_drafter(gemma, "int8-static")
+    assert runtime.prepare_drafter(gemma, "int8").model is fallback.model  # one int8 copy, not two
 
 
 def test_long_feeds_run_float_projections_and_one_token_steps_the_int8_ones():
