@@ -12,7 +12,7 @@ HumanEval/0-9), e.g.::
     python benchmarks/tune_schedule.py --first 25 --last 30 --schedules 0.35/12 0.5/12 0.35/8 0.25/10 0.2/12
 
 ``J/M`` = threshold ``J`` with cap ``M`` (SLEM); ``kN`` = exactly ``N`` drafter tokens per draft; ``default`` =
-the algorithm's default schedule; a ``+block`` suffix (``k4+block``) verifies with block verification instead
+the algorithm's default schedule; ``hN`` = the +2/-1 rule with floor ``N`` (TLI, SLRS); a ``+block`` suffix (``k4+block``) verifies with block verification instead
 of token-level speculative sampling (TLI and SLRS sampling). ``--algorithm tli --temperature 1 --seeds 0 1`` tunes the sampled
 token-level algorithms (each seed reseeds every call; methods stay interleaved per prompt and seed). The
 results behind the defaults are in ``benchmarks/README.md``.
@@ -46,6 +46,8 @@ def parse_schedule(text: str) -> dict:
             return {"default": True, **extra}
         if base.startswith("k"):
             return {"k": int(base[1:]), **extra}
+        if base.startswith("h"):
+            return {"floor": int(base[1:]), **extra}
         joint, cap = base.split("/")
         return {"joint": float(joint), "max": int(cap), **extra}
     except ValueError as err:
@@ -70,10 +72,11 @@ def main(argv=None) -> int:
 
     target, target_tok = zoo.load(args.target, dtype=args.dtype)
     drafter, drafter_tok = zoo.load(args.drafter, dtype=args.dtype)
-    names = ["target"] + [("default" if "default" in s else f"k{s['k']}" if "k" in s else f"{s['joint']}/{s['max']}")
+    names = ["target"] + [("default" if "default" in s else f"k{s['k']}" if "k" in s else f"h{s['floor']}"
+                           if "floor" in s else f"{s['joint']}/{s['max']}")
                           + ("+block" if "verification" in s else "") for s in args.schedules]
     totals = {name: [0, 0.0, 0, 0] for name in names}  # new tokens, seconds, target forwards, drafted tokens
-    saved = dict(plan.SLEM_DEFAULTS)
+    saved, saved_floors = dict(plan.SLEM_DEFAULTS), dict(plan.TOKEN_LEVEL_FLOORS)
     try:
         for prompt in code_prompts(args.last)[args.first:]:
             ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
@@ -90,6 +93,7 @@ def main(argv=None) -> int:
                     for name_, default in saved.items():  # whichever runtime auto resolves to
                         plan.SLEM_DEFAULTS[name_] = plan.SlemDefault(schedule.get("joint", default.min_joint),
                                                                      schedule.get("max", default.max_lookahead))
+                        plan.TOKEN_LEVEL_FLOORS[name_] = schedule.get("floor", saved_floors[name_])
                     run = runner.hetspec(ids)
                 total = totals[name]
                 total[0] += run.new_tokens
@@ -100,6 +104,7 @@ def main(argv=None) -> int:
                       f"{run.target_forwards} target forwards, {run.drafted_tokens} drafted", flush=True)
     finally:
         plan.SLEM_DEFAULTS.update(saved)
+        plan.TOKEN_LEVEL_FLOORS.update(saved_floors)
     base = totals["target"][0] / totals["target"][1]
     print("\n| schedule | tokens/s | speedup | tokens/forward | drafted/forward |\n|---|---|---|---|---|")
     for name, (tokens, seconds, forwards, drafted) in totals.items():

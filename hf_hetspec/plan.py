@@ -76,6 +76,13 @@ SLEM_DEFAULTS: dict[str, SlemDefault] = {
     "int8-static": SlemDefault(0.2, 16),
     "compiled": SlemDefault(0.2, 16),
 }
+#: TLI's and SLRS's default floor of the +2/-1 lookahead schedule per drafter runtime. Leviathan et al.'s
+#: expected speedup ``(1 - a^(k+1)) / ((1 - a)(1 + k (c + 0.03)))`` at the acceptance rate a = 0.6 of sampled
+#: code is best at k = 2 for an eager drafter (c = 0.2) and flat over k = 3-5 at c = 0.05, where k = 1 loses
+#: 13%; transformers' rule drops to 1 after a few rejections. Tuned with benchmarks/tune_schedule.py on
+#: HumanEval/20-26, T=1, int8-static SmolLM2 drafter (benchmarks/README.md): TLI ran 1.61x the target alone with
+#: the rule from 1, 1.83x / 1.80x / 1.78x with fixed lookaheads 3 / 4 / 5.
+TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8-static": 3, "compiled": 3}
 #: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
 MIN_TLI_SHARE = 0.01
 #: The only ``cache_implementation`` values whose cache can be rolled back after a rejection.
@@ -89,13 +96,15 @@ class Schedule:
     Attributes:
         lookahead: drafter tokens per draft (the first draft's when ``adaptive``), >= 1.
         adaptive: transformers' heuristic: +2 after a fully accepted draft, -1 otherwise, in
-            ``[1, MAX_LOOKAHEAD]``.
+            ``[min_lookahead, MAX_LOOKAHEAD]``.
+        min_lookahead: the adaptive schedule's floor (transformers': 1).
         stop: ends a draft early from the drafter's confidence (:class:`~hf_hetspec.drafter.DraftStop`).
     """
 
     lookahead: int
     adaptive: bool
     stop: DraftStop = field(default_factory=DraftStop)
+    min_lookahead: int = 1
 
 
 @dataclass(frozen=True)
@@ -446,7 +455,7 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
     per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` in
     effect (resolved, not ``"auto"``); TLI and SLRS follow transformers' +2/-1 rule from
-    ``DEFAULT_LOOKAHEAD``. The confidence stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs
+    ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs
     1.26x; Gemma-3 greedy TLI 0.87x): a drafter token the target would tokenize differently is rejected
     however sure the drafter is.
 
@@ -468,7 +477,7 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
         default = SLEM_DEFAULTS[drafter_runtime]
         min_joint = default.min_joint if threshold is None else 0.0
         return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
-    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence))
+    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime])
 
 
 # --------------------------------------------------------------------------------------------------------

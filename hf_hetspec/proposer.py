@@ -53,7 +53,7 @@ class HeterogeneousProposer:
         input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
         schedule: lookahead (initial value when adaptive), adaptation and confidence stop
             (:class:`~hf_hetspec.plan.Schedule`); adaptive: +2 after a fully accepted draft, -1 otherwise
-            (transformers' "heuristic" schedule), within ``[1, max(MAX_LOOKAHEAD, lookahead)]``.
+            (transformers' "heuristic" schedule), within ``[min_lookahead, max(MAX_LOOKAHEAD, lookahead)]``.
         max_length: the target's ``generation_config.max_length``; drafts never cross it.
         stats: statistics of the call, updated in place.
         window: tokens of context re-encoded with new text on either side.
@@ -79,6 +79,7 @@ class HeterogeneousProposer:
         self.drafter_vocab = drafter_vocab
         self.lookahead = schedule.lookahead
         self.adaptive = schedule.adaptive
+        self.min_lookahead = schedule.min_lookahead
         self.max_lookahead = max(MAX_LOOKAHEAD, schedule.lookahead)
         self.stop: DraftStop | None = schedule.stop if schedule.stop.enabled else None
         self.max_length = max_length
@@ -132,13 +133,13 @@ class HeterogeneousProposer:
 
     def update_schedule(self, num_accepted: int) -> None:
         """Adapt the lookahead after a verification that accepted ``num_accepted`` draft tokens: +2 after a
-        fully accepted draft, -1 otherwise (when the schedule is adaptive)."""
+        fully accepted draft, -1 otherwise, not below the schedule's floor (when the schedule is adaptive)."""
         if not self.adaptive or self._last_draft_len == 0:
             return
         if num_accepted >= self._last_draft_len:
             self.lookahead = min(self.lookahead + 2, self.max_lookahead)
         else:
-            self.lookahead = max(1, self.lookahead - 1)
+            self.lookahead = max(self.min_lookahead, self.lookahead - 1)
 
 
 class TokenLevelProposer(HeterogeneousProposer):

@@ -54,14 +54,21 @@ def test_default_schedules_per_algorithm():
         assert (schedule.lookahead, schedule.adaptive, schedule.stop.enabled) == (plan.DEFAULT_LOOKAHEAD, True, False)
 
 
-def test_slem_drafts_longer_with_a_cheaper_drafter_runtime():
-    """Every runtime a plan can resolve to has a SLEM default; the int8 runtimes (c about half of eager's) draft
-    longer: a lower joint-confidence threshold and a higher cap."""
-    assert set(plan.SLEM_DEFAULTS) == set(runtime.RUNTIMES) - {"auto"}
+def test_every_algorithm_drafts_longer_with_a_cheaper_drafter_runtime():
+    """Every runtime a plan can resolve to has a SLEM default and a TLI/SLRS floor; the int8 runtimes (c about
+    half of eager's) draft longer: SLEM with a lower joint-confidence threshold and a higher cap, TLI and SLRS
+    never below 3 drafter tokens (transformers' +2/-1 rule otherwise, as with an eager drafter)."""
+    assert set(plan.SLEM_DEFAULTS) == set(plan.TOKEN_LEVEL_FLOORS) == set(runtime.RUNTIMES) - {"auto"}
     eager, int8 = (choose_schedule("slem", drafter_runtime=r) for r in ("eager", "int8-static"))
     assert int8.stop.min_joint < eager.stop.min_joint and int8.lookahead > eager.lookahead
     assert choose_schedule("slem", drafter_runtime="int8") == int8
-    assert choose_schedule("tli", drafter_runtime="int8") == choose_schedule("tli")
+    for algorithm in ("tli", "slrs"):
+        eager, int8 = (choose_schedule(algorithm, drafter_runtime=r) for r in ("eager", "int8-static"))
+        assert eager == choose_schedule(algorithm) and eager.adaptive and eager.min_lookahead == 1
+        assert int8.adaptive and int8.min_lookahead == 3 and int8.lookahead == eager.lookahead
+        # the user's own schedule is transformers' rule, whatever the runtime
+        assert choose_schedule(algorithm, drafter_runtime="int8-static", num_assistant_tokens=5,
+                               num_assistant_tokens_schedule="heuristic").min_lookahead == 1
 
 
 def test_the_plan_takes_the_schedule_of_the_runtime_auto_resolves_to(toy_pair, monkeypatch):

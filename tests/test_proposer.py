@@ -50,6 +50,16 @@ def test_adaptive_schedule_grows_by_two_and_shrinks_by_one(toy_pair):
     assert proposer.lookahead == 1  # floored
 
 
+def test_the_adaptive_schedule_stops_shrinking_at_its_floor(toy_pair):
+    proposer, ids = _proposer(toy_pair, Schedule(5, True, min_lookahead=3))
+    lookaheads = []
+    for accepted in (0, 0, 0, 0, 3, 0):  # FixedProposer drafts 3 tokens each round
+        proposer.propose(ids)
+        proposer.update_schedule(accepted)
+        lookaheads.append(proposer.lookahead)
+    assert lookaheads == [4, 3, 3, 3, 5, 4]
+
+
 def test_a_fixed_schedule_never_changes(toy_pair):
     proposer, ids = _proposer(toy_pair, Schedule(4, False))
     proposer.propose(ids)
