@@ -169,26 +169,31 @@ class StaticCacheDecoder(torch.nn.Module):
         """``last_hidden_state`` (``(1, m, hidden)``) of ``input_ids`` (``(1, m)``) after the ``cache``'s
         positions; the cache is extended by ``m`` positions (a temporary cache when ``None``)."""
         if cache is None:
-            cache = self.new_cache()
+            cache = self.temporary_cache()
         return BaseModelOutputWithPast(last_hidden_state=self.hidden_states(input_ids, cache))
 
     def new_cache(self) -> StaticKVCache:
-        """An empty cache (keys and values in the embeddings' dtype, on their device). With a compiled step
-        (:meth:`compile_step`) it is always the same cache, emptied: compiled code and CUDA graphs keep its
-        addresses, so one decoding at a time uses a compiled drafter."""
+        """An empty cache for a decoding. With a compiled step (:meth:`compile_step`) it is always the same
+        cache, emptied: compiled code and CUDA graphs keep its addresses, so one decoding at a time uses a
+        compiled drafter."""
         if self.compiled_step is not None:
             self._compiled_cache.length = 0
             return self._compiled_cache
+        return self.temporary_cache()
+
+    def temporary_cache(self) -> StaticKVCache:
+        """A new empty cache of its own (keys and values in the embeddings' dtype, on their device), run by the
+        eager step only: a forward without a cache (a check, a probe) never touches a decoding's cache."""
         embed = self.embed_tokens.weight
         return StaticKVCache(*self._kv_shape, dtype=embed.dtype, device=embed.device, capacity=self.capacity)
 
     def hidden_states(self, input_ids: torch.LongTensor, cache: StaticKVCache) -> torch.Tensor:
         """The final norm's output (``(1, m, hidden)``) for ``input_ids`` (``(1, m)``) after the cache's positions;
         the cache is extended by ``m`` positions. One-token steps run the compiled step when one was made
-        (:meth:`compile_step`), everything else this module's eager step."""
+        (:meth:`compile_step`) in its own cache (:meth:`new_cache`), everything else this module's eager step."""
         start, m = cache.length, input_ids.shape[1]
         cache.reserve(start + m)
-        if m == 1 and self.compiled_step is not None:
+        if m == 1 and self.compiled_step is not None and cache is self._compiled_cache:
             if input_ids.device.type == "cuda":  # the previous replay's outputs are no longer read
                 torch.compiler.cudagraph_mark_step_begin()
             position = torch.tensor([start], device=input_ids.device)
@@ -359,9 +364,9 @@ class StaticCacheDrafter(torch.nn.Module):
 
     def forward(self, input_ids: torch.LongTensor, cache: StaticKVCache | None = None, use_cache: bool = True,
                 logits_to_keep: int = 0, **_) -> CausalLMOutputWithPast:
-        """Logits of ``input_ids`` (``(1, m)``) after the cache's positions (a new cache when ``None``)."""
+        """Logits of ``input_ids`` (``(1, m)``) after the cache's positions (a temporary cache when ``None``)."""
         if cache is None:
-            cache = self.new_cache()
+            cache = self.model.temporary_cache()
         hidden = self.model.hidden_states(input_ids, cache)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]

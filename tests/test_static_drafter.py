@@ -145,3 +145,19 @@ def test_long_feeds_run_float_projections_and_one_token_steps_the_int8_ones():
     reference = _reference(model, ids[0].tolist())
     assert not torch.equal(one, reference)
     torch.testing.assert_close(one, reference, rtol=0.1, atol=0.1 * float(reference.abs().max()))
+
+
+def test_a_forward_without_a_cache_leaves_the_compiled_steps_cache_alone():
+    """The compiled step keeps one cache per drafter (fixed addresses). A forward without a cache -- the pruned
+    head's one-time check runs one after the decoding's cache exists -- gets a temporary cache of its own."""
+    model = tiny_model("llama", VOCAB)
+    step, _ = static_drafter.build(model, None)
+    step.get_decoder().compile_step(None, compile=False)
+    cache = step.new_cache()
+    step(torch.tensor([[5, 6, 7]]), cache)
+    keys = cache.keys[0].clone()
+    step(torch.tensor([[9, 9]]))
+    step.get_decoder()(torch.tensor([[8]]))
+    assert cache.get_seq_length() == 3 and torch.equal(cache.keys[0], keys)
+    logits = step(torch.tensor([[8]]), cache).logits[0, -1]
+    torch.testing.assert_close(logits, _reference(model, [5, 6, 7, 8]), rtol=1e-4, atol=1e-4)
