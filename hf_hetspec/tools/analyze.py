@@ -520,7 +520,8 @@ def recommend(analysis: PairAnalysis, do_sample: bool, *, acceptance_rate: float
         lookahead = schedule.lookahead
         why_k = (f"lookahead {lookahead} is where the default schedule starts" if schedule.adaptive
                  else f"drafts of up to {lookahead} drafter tokens, ended by the drafter's joint confidence")
-        why_k += " (no measured acceptance rate)"
+        why_k += (" with an eager drafter (no measured acceptance rate; the default CPU runtime, int8-static, "
+                  "drafts longer: hf_hetspec.plan.SLEM_DEFAULTS and TOKEN_LEVEL_FLOORS)")
     return algorithm, lookahead, f"{why}; {why_k}"
 
 
