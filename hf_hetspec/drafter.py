@@ -378,6 +378,17 @@ class DrafterContext:
         self.ids.extend(drafted)
         return DrafterSteps(drafted, probs)
 
+    @torch.no_grad()
+    def prefill(self) -> int:
+        """Feed every uncached token but the last into the KV cache (the next :meth:`draft` feeds the last one
+        and drafts from its logits); returns how many were fed (0 when at most one is uncached). Grad mode is
+        per thread: this may run on a second thread (:func:`hf_hetspec.decoding.speculative_generate`)."""
+        tail = self.ids[self.cache.get_seq_length() :]
+        if len(tail) < 2:
+            return 0
+        self._forward(torch.tensor([tail[:-1]], device=self.device))
+        return len(tail) - 1
+
     def room(self) -> int:
         """How many tokens a draft can still have before the drafter's context is full (a large number for a
         drafter without a position limit); a draft of ``n`` tokens feeds ``n - 1`` of them."""

@@ -127,6 +127,16 @@ class HeterogeneousProposer:
             self.stats.lookaheads.append(self.lookahead)
         return draft
 
+    def prefill_drafter(self) -> int:
+        """Feed the drafter's prompt but its last token now (:meth:`DrafterContext.prefill`), timed and counted
+        as drafter work; returns the tokens fed. Safe on another thread while the target runs: it touches the
+        drafter's context and this call's drafter statistics only."""
+        forwards = self.context.forwards
+        with self.stats.timer("drafter_s"):
+            fed = self.context.prefill()
+        self.stats.drafter_forwards += self.context.forwards - forwards
+        return fed
+
     def _propose(self, budget: int) -> Draft:
         """Draft up to ``budget`` target tokens."""
         raise NotImplementedError

@@ -83,3 +83,86 @@ def test_a_loop_that_does_not_roll_back_its_cache_is_caught(toy_pair, reference,
     except RuntimeError:
         return
     assert out[0].tolist() != expected
+
+
+# --------------------------------------------------------------------------------------------------------
+# the drafter's prefill on a second thread (long prompts on the CPU)
+# --------------------------------------------------------------------------------------------------------
+
+
+def _with_overlap(monkeypatch):
+    """Force the overlapped prefill (the toy prompts are short) and record the thread each drafter prefill ran
+    on; returns that list."""
+    import threading
+
+    from hf_hetspec.drafter import DrafterContext
+
+    threads = []
+    prefill = DrafterContext.prefill
+
+    def recorded(self):
+        threads.append(threading.get_ident())
+        return prefill(self)
+
+    monkeypatch.setattr(DrafterContext, "prefill", recorded)
+    monkeypatch.setattr(decoding, "overlaps_prefill", lambda target, proposer: True)
+    return threads
+
+
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
+def test_prefilling_the_drafter_on_a_second_thread_keeps_greedy_output(toy_pair, algorithm, monkeypatch):
+    import threading
+
+    import hf_hetspec
+
+    threads = _with_overlap(monkeypatch)
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    hf_hetspec.enable(toy_pair.target)
+    out = toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
+                                   assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
+                                   max_new_tokens=NEW_TOKENS, do_sample=False)
+    stats = hf_hetspec.last_stats(toy_pair.target)
+    plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(out, plain)
+    assert threads and threads[0] != threading.get_ident()  # it ran, on another thread
+    assert stats.accepted_tokens > 0 and stats.drafter_forwards >= len(stats.lookaheads) + 1
+
+
+def test_prefilling_the_drafter_on_a_second_thread_keeps_the_sampled_distribution(toy_pair, monkeypatch):
+    from hf_hetspec.testing import check_lossless, exact_target_distribution, hetspec_sampler, sample_outcomes
+
+    threads = _with_overlap(monkeypatch)
+    ids = toy_pair.target_tokenizer("the cat", return_tensors="pt").input_ids
+    setting = dict(temperature=0.7, top_k=5)
+    expected = exact_target_distribution(toy_pair.target, ids, 2, **setting)
+    sampler = hetspec_sampler(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
+                              toy_pair.drafter_tokenizer, ids, "tli", 2, **setting)
+    report = check_lossless(expected, sample_outcomes(sampler, 300, seed=0), 1e-3)
+    assert report.num_bins >= 3 and report.passed, str(report)
+    assert len(threads) >= 300
+
+
+def test_the_drafter_prefills_on_a_second_thread_only_for_long_prompts_on_a_free_cpu_core(toy_pair, monkeypatch):
+    import hf_hetspec.decoding as module
+    from hf_hetspec.drafter import DrafterContext
+
+    class Proposer:
+        def __init__(self, n):
+            self.context = DrafterContext(toy_pair.drafter, _vocab(toy_pair), list(range(3, 3 + n)))
+
+        def prefill_drafter(self):
+            return self.context.prefill()
+
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(module.torch, "get_num_threads", lambda: 1)
+    long, short = Proposer(module.OVERLAP_PREFILL_MIN), Proposer(module.OVERLAP_PREFILL_MIN - 1)
+    assert module.overlaps_prefill(toy_pair.target, long) and not module.overlaps_prefill(toy_pair.target, short)
+    assert not module.overlaps_prefill(toy_pair.target, ScriptedProposer([], 0, 0, 2))  # no drafter context
+    monkeypatch.setattr(module.torch, "get_num_threads", lambda: 2)  # every core already busy
+    assert not module.overlaps_prefill(toy_pair.target, long)
+
+
+def _vocab(pair):
+    from hf_hetspec.alignment import vocabulary
+
+    return vocabulary(pair.drafter_tokenizer)
