@@ -154,11 +154,15 @@ def test_the_drafter_prefills_on_a_second_thread_only_for_long_prompts_on_a_free
             return self.context.prefill()
 
     monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(module.os, "getloadavg", lambda: (1.0, 1.0, 1.0), raising=False)  # this process alone
     monkeypatch.setattr(module.torch, "get_num_threads", lambda: 1)
     long, short = Proposer(module.OVERLAP_PREFILL_MIN), Proposer(module.OVERLAP_PREFILL_MIN - 1)
     assert module.overlaps_prefill(toy_pair.target, long) and not module.overlaps_prefill(toy_pair.target, short)
     assert not module.overlaps_prefill(toy_pair.target, ScriptedProposer([], 0, 0, 2))  # no drafter context
-    monkeypatch.setattr(module.torch, "get_num_threads", lambda: 2)  # every core already busy
+    monkeypatch.setattr(module.os, "getloadavg", lambda: (2.0, 2.0, 2.0), raising=False)  # another process
+    assert not module.overlaps_prefill(toy_pair.target, long)
+    monkeypatch.setattr(module.os, "getloadavg", lambda: (1.0, 1.0, 1.0), raising=False)
+    monkeypatch.setattr(module.torch, "get_num_threads", lambda: 2)  # PyTorch's threads take every core
     assert not module.overlaps_prefill(toy_pair.target, long)
 
 
