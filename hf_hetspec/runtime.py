@@ -187,7 +187,8 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     made = per_drafter[resolved]
     if made.problem and runtime == "auto":
         what = "int8" if resolved in INT8_RUNTIMES else resolved
-        return PreparedDrafter(drafter, "eager", 0, seconds, f"{what} drafter unavailable ({made.problem}): eager drafter")
+        note = f"{what} drafter unavailable ({made.problem}): eager drafter"
+        return PreparedDrafter(drafter, "eager", 0, seconds, note)
     if made.problem:
         what = "with int8 linear layers" if resolved in INT8_RUNTIMES else f"as {resolved!r}"
         raise ValueError(f"hetspec_drafter={runtime!r}: this drafter does not run {what} ({made.problem}); use "
@@ -222,7 +223,7 @@ def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     ``"int8"`` where the static step does not run the drafter (:func:`hf_hetspec.static_drafter.build`)."""
     if runtime == "compiled":
         return _compiled_copy(drafter, version)
-    model = _float32_copy(drafter)
+    model = _eval_copy(drafter)
     if runtime == "float32":
         return _Copy(version, model, runtime, memory_bytes=model_bytes(model))
     static, static_problem = None, ""
@@ -243,15 +244,14 @@ def _compiled_copy(drafter: PreTrainedModel, version: tuple) -> _Copy:
     dtype elsewhere), its one-token step compiled and run once per compiled shape before it is handed out, so
     that compiling (and recording CUDA graphs) is paid here; its logits checked against the eager step's."""
     device = model_device(drafter)
-    model = _float32_copy(drafter) if device.type == "cpu" else _float32_copy(drafter, dtype=None)
+    model = _eval_copy(drafter, torch.float32 if device.type == "cpu" else None)
     static, why = static_drafter.build(model, max_positions(model))
     if static is None:
         return _Copy(version, None, "compiled", problem=f"hf_hetspec's step does not run it: {why}")
     try:
         mismatch = static_drafter.warm_up_compiled(static, COMPILE_MODES.get(device.type))
     except Exception as err:  # noqa: BLE001 -- dynamo, inductor and the C++ / Triton toolchains raise many types
-        return _Copy(version, None, "compiled", problem=f"torch.compile failed: {type(err).__name__}: "
-                                                        f"{str(err).strip().splitlines()[0][:100] if str(err).strip() else ''}")
+        return _Copy(version, None, "compiled", problem=f"torch.compile failed: {_first_line(err)}")
     if mismatch:
         return _Copy(version, None, "compiled", problem=mismatch)
     return _Copy(version, static, "compiled", memory_bytes=model_bytes(static) + static.cache_bytes())
@@ -296,7 +296,7 @@ def _weights_version(model: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def _float32_copy(drafter: PreTrainedModel, dtype: torch.dtype | None = torch.float32) -> PreTrainedModel:
+def _eval_copy(drafter: PreTrainedModel, dtype: torch.dtype | None = torch.float32) -> PreTrainedModel:
     """An independent copy in eval mode in ``dtype`` (``None``: the drafter's), ties between weights (e.g.
     embedding and LM head) kept."""
     model = copy.deepcopy(drafter)
@@ -323,8 +323,14 @@ def _quantize_int8(model: PreTrainedModel, names: list[str] | None = None) -> st
         with torch.no_grad():
             model(input_ids=torch.tensor([[1, 2]]), use_cache=False)
     except (TypeError, AttributeError, RuntimeError) as err:  # a layer's weight read as a tensor
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+        return _first_line(err)
     return ""
+
+
+def _first_line(err: Exception) -> str:
+    """``"<type>: <first line of the message>"``, the line cut at 100 characters (for a one-line note)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:100] if lines else ''}"
 
 
 def _quantized_engine() -> str | None:

@@ -133,7 +133,7 @@ def test_long_feeds_run_float_projections_and_one_token_steps_the_int8_ones():
     LM head stays int8), while a one-token step runs the int8 projections (close to, not equal to, the float
     logits)."""
     model = tiny_model("llama", VOCAB)
-    step, _ = static_drafter.build(runtime._float32_copy(model), None)
+    step, _ = static_drafter.build(runtime._eval_copy(model), None)
     step.keep_float_prefill()
     assert runtime._quantize_int8(step, step.step_linear_names()) == ""
     ids = torch.arange(3, 3 + static_drafter.FLOAT_FEED_MIN + 2)[None] % VOCAB
