@@ -75,6 +75,15 @@ def overlaps_prefill(target, proposer) -> bool:
     return on_cpu and torch.get_num_threads() < cores and busy < cores - 0.5 and uncached >= OVERLAP_PREFILL_MIN
 
 
+def _forward_kwargs(target, cache, prompt_positions: torch.LongTensor | None, start: int, end: int) -> dict:
+    """The target's cache keywords for a forward over sequence indices ``start .. end - 1``, with their position
+    ids when the user gave the prompt's (:func:`_positions`)."""
+    extra = cache_kwargs(target, cache)
+    if prompt_positions is not None:
+        extra["position_ids"] = _positions(prompt_positions, start, end)
+    return extra
+
+
 def speculative_generate(
     target,
     input_ids: torch.LongTensor,
@@ -139,9 +148,7 @@ def speculative_generate(
         with ThreadPoolExecutor(max_workers=1) as pool:
             drafter_prefill = pool.submit(proposer.prefill_drafter)
             with stats.timer("target_s"):
-                extra = cache_kwargs(target, cache)
-                if prompt_positions is not None:
-                    extra["position_ids"] = _positions(prompt_positions, cached, ids.shape[1] - 1)
+                extra = _forward_kwargs(target, cache, prompt_positions, cached, ids.shape[1] - 1)
                 target(input_ids=ids[:, cached:-1], use_cache=True, logits_to_keep=1, **extra)
             stats.target_forwards += 1
             drafter_prefill.result()
@@ -155,10 +162,7 @@ def speculative_generate(
             candidate_ids = torch.cat([ids, drafted], dim=1)
             cached = cache.get_seq_length()
             feed = candidate_ids[:, cached:]
-            extra = {}
-            if prompt_positions is not None:
-                extra["position_ids"] = _positions(prompt_positions, cached, candidate_ids.shape[1])
-            extra.update(cache_kwargs(target, cache))
+            extra = _forward_kwargs(target, cache, prompt_positions, cached, candidate_ids.shape[1])
             out = target(input_ids=feed, use_cache=True, logits_to_keep=k + 1, **extra)
             logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
             processed = _process(logits_processor, candidate_ids, n, logits)

@@ -455,7 +455,8 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
     per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` in
     effect (resolved, not ``"auto"``); TLI and SLRS follow transformers' +2/-1 rule from
-    ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs
+    ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence stop measured
+    slower for token-level drafts (SmolLM2, T=1: 1.06x vs
     1.26x; Gemma-3 greedy TLI 0.87x): a drafter token the target would tokenize differently is rejected
     however sure the drafter is.
 
