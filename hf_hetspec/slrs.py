@@ -33,9 +33,10 @@ Drafter tokens that map to no target token (possible only for special tokens wit
 counterpart, e.g. Gemma's ``<unusedN>``) are excluded from sampling: they get probability 0 in ``q``,
 and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the proposals.
 
-Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone). With
-``greedy_draft`` (``hetspec_draft_temperature=0``) a sampled call drafts
-``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn from.
+Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone). By default
+(``greedy_draft``, ``hetspec_draft_temperature=0``: :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled
+call drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
+from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ import hf_hetspec
 import hf_hetspec.decoding
 import hf_hetspec.verify
 from hf_hetspec.intersection import push_forward
+from hf_hetspec.plan import DEFAULT_DRAFT_TEMPERATURE
 from hf_hetspec.proposer import TokenLevelProposer
 from hf_hetspec.slrs import SLRSProposer
 from hf_hetspec.testing import (
@@ -238,9 +239,10 @@ REAL_ALGORITHMS = ("slem", "tli", "slrs")
 POWER_TV, POWER = 0.2, 0.9
 
 
-#: How TLI and SLRS pick draft tokens when sampling: a sample of ``q`` at the call's temperature (the
-#: default: no ``hetspec_draft_temperature``) or the drafter's argmax with a one-hot ``q`` (``0``).
-DRAFTS = {"sampled-draft": None, "greedy-draft": 0.0}
+#: How TLI and SLRS pick draft tokens when sampling: a sample of ``q`` at the call's temperature
+#: (``hetspec_draft_temperature`` = the call's) or the drafter's argmax with a one-hot ``q`` (the default,
+#: ``plan.DEFAULT_DRAFT_TEMPERATURE``: no keyword).
+DRAFTS = ("sampled-draft", "greedy-draft")
 
 
 def _matrix():
@@ -262,10 +264,11 @@ def _matrix():
     return params
 
 
-def _draft_kwargs(draft: str) -> dict:
-    """``generate()`` kwargs selecting the draft mode (none for the default, sampled drafts)."""
-    value = DRAFTS[draft]
-    return {} if value is None else {"hetspec_draft_temperature": value}
+def _draft_kwargs(draft: str, temperature: float) -> dict:
+    """``generate()`` kwargs selecting the draft mode of a call at ``temperature`` (none for the default,
+    greedy drafts)."""
+    assert draft in DRAFTS and DEFAULT_DRAFT_TEMPERATURE == 0.0
+    return {"hetspec_draft_temperature": temperature} if draft == "sampled-draft" else {}
 
 
 _EXACT: dict = {}
@@ -284,7 +287,7 @@ def _real_report(pair, names, algorithm, setting, n=None, seed=0, draft="sampled
     prompt = (TLI_PROMPT if algorithm == "tli" else STRING_PROMPT)[names]
     expected = _exact(pair, prompt, setting)
     n = n or required_samples(expected, POWER_TV, POWER, ALPHA)
-    extra = _draft_kwargs(draft) if algorithm != "slem" else {}
+    extra = _draft_kwargs(draft, SETTINGS[setting]["temperature"]) if algorithm != "slem" else {}
     sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
                               _ids(pair, prompt), algorithm, 2, **SETTINGS[setting], **extra)
     report = check_lossless(expected, sample_outcomes(sampler, n, seed), ALPHA)
@@ -410,7 +413,8 @@ def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, mon
                           torch.tensor([0.0, 1.0]))
     monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
     try:
-        report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500, **_draft_kwargs(draft), **T1)
+        report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500,
+                                    **_draft_kwargs(draft, T1["temperature"]), **T1)
     except NotImplementedError as err:
         pytest.skip(f"tli: {err}")
     _assert_rejected(report)
@@ -538,7 +542,8 @@ def test_block_verification_is_lossless(request, monkeypatch, algorithm, pair_na
     n = _block_samples(pair, TOY_PROMPT[pair_name], SETTINGS[setting])
     report = verify_lossless(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
                              _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=n, seed=0, alpha=ALPHA,
-                             num_tokens=BLOCK_TOKENS, hetspec_verification="block", **SETTINGS[setting])
+                             num_tokens=BLOCK_TOKENS, hetspec_verification="block", **SETTINGS[setting],
+                             **_draft_kwargs("sampled-draft", SETTINGS[setting]["temperature"]))
     _assert_passes(report)
     assert len(rounds) >= n and any(0 < tau < k for k, tau in rounds), rounds[:20]
 
@@ -558,7 +563,8 @@ def test_rejects_block_verification_whose_correction_comes_from_p(toy_pair, monk
     monkeypatch.setattr(hf_hetspec.verify, "residual_distribution", _correction_from_p_block)
     report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
                              toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=n,
-                             seed=0, alpha=ALPHA, num_tokens=BLOCK_TOKENS, hetspec_verification="block", **T1)
+                             seed=0, alpha=ALPHA, num_tokens=BLOCK_TOKENS, hetspec_verification="block", **T1,
+                             **_draft_kwargs("sampled-draft", T1["temperature"]))
     _assert_rejected(report)
 
 

@@ -20,6 +20,7 @@ from hf_hetspec.plan import (
     check_generation_config,
     check_verification,
     choose_algorithm,
+    choose_draft_temperature,
     choose_schedule,
     make_plan,
 )
@@ -125,6 +126,16 @@ def test_draft_temperature_rule():
         check_draft_temperature(0.7, "tli", False)
 
 
+def test_draft_temperature_default():
+    """Sampled TLI and SLRS calls draft the drafter's argmax unless told otherwise; SLEM and greedy calls have
+    no draft temperature; a given value is kept."""
+    for algorithm in ("tli", "slrs"):
+        assert choose_draft_temperature(None, algorithm, True) == plan.DEFAULT_DRAFT_TEMPERATURE
+        assert choose_draft_temperature(None, algorithm, False) is None
+        assert choose_draft_temperature(0.7, algorithm, True) == 0.7
+    assert choose_draft_temperature(None, "slem", True) is None
+
+
 def test_verification_rule():
     for algorithm in ("slem", "tli", "slrs"):
         for do_sample in (False, True):
@@ -173,6 +184,9 @@ def test_make_plan_of_a_call(toy_pair):
     assert set(decided.model_kwargs) == {"attention_mask"}  # the tokenizers never reach the target
     assert not decided.identical and decided.note == ""
     assert decided.verification == "token"
+    assert decided.draft_temperature == plan.DEFAULT_DRAFT_TEMPERATURE == 0.0  # greedy drafts by default
+    sampled = make_plan(toy_pair.target, call, kwargs, HetspecArguments("slrs", draft_temperature=1))
+    assert sampled.draft_temperature == 1.0
     block = make_plan(toy_pair.target, call, kwargs, HetspecArguments("slrs", verification="block"))
     assert block.verification == "block"
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -106,7 +106,7 @@ def _tli_report(pair, drafter, n=400):
     setting = dict(temperature=1.0, top_k=5)
     expected = exact_target_distribution(pair.target, ids, 2, **setting)
     sampler = hetspec_sampler(pair.target, drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids, "tli",
-                              2, hetspec_drafter="int8", **setting)
+                              2, hetspec_drafter="int8", hetspec_draft_temperature=1.0, **setting)
     return check_lossless(expected, sample_outcomes(sampler, n, seed=0), ALPHA)
 
 
