@@ -67,12 +67,12 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       depends on the runtime. Refused before any work (``ValueError``) when unknown, or an int8 runtime for a
       drafter off the CPU.
     * ``hetspec_draft_temperature`` (float >= 0, TLI and SLRS with ``do_sample=True``): how the drafter picks
-      its draft tokens. ``0`` (the default, :data:`hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`): its argmax,
-      verified by speculative sampling against the one-hot ``q`` it came from (acceptance ``p(x)``, as with
-      exact-match sampling); ``t > 0``: a sample of its distribution at temperature ``t`` (the call's
-      top-k/top-p still apply; ``t`` = the call's temperature is Algorithms 3 and 4 as written). The output
-      has the target's distribution whatever the value: only the speed changes (docs/api.md "Draft
-      temperature").
+      its draft tokens. ``0``: its argmax, verified by speculative sampling against the one-hot ``q`` it came
+      from (acceptance ``p(x)``, as with exact-match sampling); the default with different vocabularies
+      (:data:`hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`). ``t > 0``: a sample of its distribution at
+      temperature ``t`` (the call's top-k/top-p still apply; ``t`` = the call's temperature is Algorithms 3 and
+      4 as written, and the default with the target's own vocabulary). The output has the target's
+      distribution whatever the value: only the speed changes (docs/api.md "Draft temperature").
     * ``hetspec_verification``: ``"token"`` (default) or ``"block"``: how TLI and SLRS verify a sampled draft,
       token by token (speculative sampling) or as a block (Sun et al.'s block verification,
       :func:`hf_hetspec.verify.verify_block`; accepts at least as many tokens in expectation). Both keep the

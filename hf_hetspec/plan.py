@@ -84,16 +84,17 @@ SLEM_DEFAULTS: dict[str, SlemDefault] = {
 #: HumanEval/20-26, T=1, int8-static SmolLM2 drafter (benchmarks/README.md): TLI ran 1.61x the target alone with
 #: the rule from 1, 1.83x / 1.80x / 1.78x with fixed lookaheads 3 / 4 / 5.
 TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8-static": 3, "compiled": 3}
-#: How TLI and SLRS draft in a sampled call without ``hetspec_draft_temperature``: ``0``, the drafter's argmax (over
-#: the intersection for TLI, of ``psi`` for SLRS), verified by speculative sampling against the one-hot ``q`` it
-#: came from, so a draft token ``x`` is accepted with probability ``p(x)``. A sample of ``q`` at the call's
-#: temperature (Algorithms 3 and 4 as written; ``hetspec_draft_temperature=<the call's temperature>``) is
-#: accepted with probability ``sum min(p, q)``, lower when the drafter is less sure than the target. Either is
-#: exact (Leviathan et al. 2023, Thm. 1, for any ``q`` the draft was drawn from). Measured with
-#: benchmarks/compare_draft_settings.py on HumanEval/20-26 x seeds 0-1, T=1, int8-static SmolLM2-135M drafter
-#: (benchmarks/README.md): TLI 1.98x the target alone with greedy drafts against 1.75x with sampled ones, SLRS
-#: 1.86x against 1.76x (HumanEval/20-22). With the eager drafter (c = 0.165) greedy drafts had measured level
-#: with sampled ones (TLI, HumanEval/20-21: 75.4 s against 76.5 s).
+#: How TLI and SLRS draft in a sampled call of a heterogeneous pair without ``hetspec_draft_temperature``
+#: (:func:`choose_draft_temperature`): ``0``, the drafter's argmax (over the intersection for TLI, of ``psi`` for
+#: SLRS), verified by speculative sampling against the one-hot ``q`` it came from, so a draft token ``x`` is
+#: accepted with probability ``p(x)``. A sample of ``q`` at the call's temperature (Algorithms 3 and 4 as
+#: written; ``hetspec_draft_temperature=<the call's temperature>``) is accepted with probability
+#: ``sum min(p, q)``, lower when the drafter is less sure than the target. Either is exact (Leviathan et al.
+#: 2023, Thm. 1, for any ``q`` the draft was drawn from). Measured with benchmarks/compare_draft_settings.py,
+#: T=1, int8-static SmolLM2-135M drafter (benchmarks/README.md): TLI 1.98x the target alone with greedy drafts
+#: against 1.75x with sampled ones, SLRS 1.86x against 1.76x (HumanEval/20-22, seeds 0-1). With the eager
+#: drafter (c = 0.165) greedy drafts had measured level with sampled ones (TLI, HumanEval/20-21: 75.4 s against
+#: 76.5 s).
 DEFAULT_DRAFT_TEMPERATURE = 0.0
 #: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
 MIN_TLI_SHARE = 0.01
@@ -382,13 +383,16 @@ def check_draft_temperature(value, algorithm: str, do_sample: bool) -> None:
         )
 
 
-def choose_draft_temperature(value, algorithm: str, do_sample: bool) -> float | None:
+def choose_draft_temperature(value, algorithm: str, do_sample: bool, identical: bool = False) -> float | None:
     """The draft temperature in effect: ``hetspec_draft_temperature`` when given (checked by
-    :func:`check_draft_temperature`), else :data:`DEFAULT_DRAFT_TEMPERATURE` for a sampled TLI or SLRS call, else
-    ``None`` (SLEM and greedy calls always draft greedily)."""
+    :func:`check_draft_temperature`), else :data:`DEFAULT_DRAFT_TEMPERATURE` for a sampled TLI or SLRS call
+    with different vocabularies, else ``None``: SLEM and greedy calls always draft greedily, and a drafter with
+    the target's vocabulary (standard speculative sampling) samples at the call's temperature -- a drafter
+    whose ``q`` nears ``p`` is accepted with probability ``sum min(p, q)`` near 1, where a greedy draft stays
+    at ``p(argmax)``; the greedy default was measured on heterogeneous pairs only."""
     if value is not None:
         return float(value)
-    return DEFAULT_DRAFT_TEMPERATURE if do_sample and algorithm in ("tli", "slrs") else None
+    return DEFAULT_DRAFT_TEMPERATURE if do_sample and algorithm in ("tli", "slrs") and not identical else None
 
 
 def check_verification(value, algorithm: str, do_sample: bool) -> None:
@@ -580,7 +584,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         identical=identical,
         intersection=intersection if algorithm == "tli" else None,
         prefix_map=prefix_map_for(target_vocab, drafter_vocab) if algorithm == "slrs" else None,
-        draft_temperature=choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample)),
+        draft_temperature=choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample),
+                                                   identical),
         drafter_prompt=drafter_prompt,
         verification=args.verification,
     )

@@ -34,8 +34,8 @@ counterpart, e.g. Gemma's ``<unusedN>``) are excluded from sampling: they get pr
 and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the proposals.
 
 Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone). By default
-(``greedy_draft``, ``hetspec_draft_temperature=0``: :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled
-call drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
+with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled call
+drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
 from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
 """
 

@@ -8,7 +8,7 @@ bytes. The distribution handed to verification is the push-forward ``q(t) = sum_
 over the target vocabulary -- exactly the distribution ``map(d)`` was drawn from -- so standard speculative
 sampling (:func:`~hf_hetspec.verify.verify_speculative_sampling`, Leviathan et al. 2023, Alg. 1) keeps the
 target's distribution. Greedy TLI drafts the argmax over the intersection and is verified by exact match.
-By default (``greedy_draft``, ``hetspec_draft_temperature=0``: :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`)
+By default with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`)
 a sampled call drafts that argmax too and verifies it by speculative sampling with the one-hot ``q`` it was
 drawn from; a positive ``hetspec_draft_temperature`` samples ``q`` as above.
 

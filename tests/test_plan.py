@@ -127,12 +127,13 @@ def test_draft_temperature_rule():
 
 
 def test_draft_temperature_default():
-    """Sampled TLI and SLRS calls draft the drafter's argmax unless told otherwise; SLEM and greedy calls have
-    no draft temperature; a given value is kept."""
+    """Sampled TLI and SLRS calls of heterogeneous pairs draft the drafter's argmax unless told otherwise; SLEM,
+    greedy calls and identical vocabularies have no draft temperature (the call's); a given value is kept."""
     for algorithm in ("tli", "slrs"):
         assert choose_draft_temperature(None, algorithm, True) == plan.DEFAULT_DRAFT_TEMPERATURE
         assert choose_draft_temperature(None, algorithm, False) is None
         assert choose_draft_temperature(0.7, algorithm, True) == 0.7
+        assert choose_draft_temperature(None, algorithm, True, identical=True) is None  # standard SD: sampled
     assert choose_draft_temperature(None, "slem", True) is None
 
 
