@@ -91,8 +91,8 @@ TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8
 #: written; ``hetspec_draft_temperature=<the call's temperature>``) is accepted with probability
 #: ``sum min(p, q)``, lower when the drafter is less sure than the target. Either is exact (Leviathan et al.
 #: 2023, Thm. 1, for any ``q`` the draft was drawn from). Measured with benchmarks/compare_draft_settings.py,
-#: T=1, int8-static SmolLM2-135M drafter (benchmarks/README.md): TLI 1.98x the target alone with greedy drafts
-#: against 1.75x with sampled ones, SLRS 1.86x against 1.76x (HumanEval/20-22, seeds 0-1). With the eager
+#: T=1, int8-static SmolLM2-135M drafter, HumanEval/20-26 x seeds 0-1 (benchmarks/README.md): TLI 1.86x the
+#: target alone with greedy drafts against 1.71x with sampled ones, SLRS 1.92x against 1.83x. With the eager
 #: drafter (c = 0.165) greedy drafts had measured level with sampled ones (TLI, HumanEval/20-21: 75.4 s against
 #: 76.5 s).
 DEFAULT_DRAFT_TEMPERATURE = 0.0
