@@ -371,8 +371,8 @@ def check_draft_temperature(value, algorithm: str, do_sample: bool) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
         raise ValueError(
-            f"hetspec_draft_temperature={value!r}: use a real number >= 0 (0: the drafter's argmax; t > 0: "
-            "sample the drafter at temperature t; omit it to sample at the call's temperature)."
+            f"hetspec_draft_temperature={value!r}: use a real number >= 0 (0: the drafter's argmax, the default "
+            "with different vocabularies; t > 0: sample the drafter at temperature t)."
         )
     if value > 0 and (algorithm == "slem" or not do_sample):
         raise ValueError(
