@@ -1,0 +1,67 @@
+"""hf_hetspec.slrs: which drafter token greedy SLRS feeds its drafter after a proposal. (SLRS's exactness is
+tested in test_lossless; the token fed never changes the output distribution, only the next drafts.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_hetspec.alignment import vocabulary
+from hf_hetspec.intersection import prefix_map_for
+from hf_hetspec.plan import Schedule
+from hf_hetspec.slrs import SLRSProposer
+from hf_hetspec.stats import DecodingStats
+
+
+def _prompt_ids(pair) -> torch.LongTensor:
+    return pair.target_tokenizer(pair.prompts[0], return_tensors="pt").input_ids
+
+
+def _greedy_slrs(pair) -> SLRSProposer:
+    target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
+    return SLRSProposer(target_vocab, pair.drafter, drafter_vocab, _prompt_ids(pair),
+                        prefix_map=prefix_map_for(target_vocab, drafter_vocab), target_size=len(target_vocab),
+                        sampling=False, schedule=Schedule(1, False), max_length=64, stats=DecodingStats())
+
+
+def _duplicate_spelling(proposer: SLRSProposer) -> tuple[int, int, int]:
+    """``(target id, byte-fallback drafter id, the drafter's ordinary id)`` of a target token the toy
+    SentencePiece drafter spells twice (its ``<0xNN>`` token and an ordinary piece of the same byte)."""
+    drafter_tokenizer = proposer.drafter_vocab.tokenizer
+    for t, ids in proposer.exact_drafter_ids.items():
+        pieces = drafter_tokenizer.convert_ids_to_tokens(ids)
+        fallback = [d for d, piece in zip(ids, pieces) if piece.startswith("<0x")]
+        ordinary = [d for d, piece in zip(ids, pieces) if not piece.startswith("<0x")]
+        if fallback and ordinary and fallback[0] < ordinary[0]:
+            return t, fallback[0], ordinary[0]
+    pytest.fail("the toy drafter spells no target token twice")
+
+
+@pytest.mark.parametrize("preferred", ["ordinary", "byte-fallback"])
+def test_greedy_slrs_feeds_the_drafter_the_spelling_it_prefers(toy_pair, monkeypatch, preferred):
+    """After proposing a target token the drafter spells twice, greedy SLRS feeds the drafter the spelling
+    with the higher logit -- the token the drafter itself would write -- not the lowest id (the byte-fallback
+    duplicate, which the drafter never reads in text; feeding Gemma-3 ``<0x2C>`` after a drafted ``,`` cost
+    greedy SLRS 0.2 of its acceptance rate)."""
+    proposer = _greedy_slrs(toy_pair)
+    t, fallback, ordinary = _duplicate_spelling(proposer)
+    fed = ordinary if preferred == "ordinary" else fallback
+    logits = torch.full((1, proposer.context.n_tokens), -10.0)
+    logits[0, fed] = 10.0  # the drafter is sure of this spelling: psi's argmax is t
+    logits[0, fallback + ordinary - fed] = 9.0
+    monkeypatch.setattr(proposer.context, "next_logits", lambda: logits)
+
+    draft = proposer.propose(_prompt_ids(toy_pair))
+
+    assert draft.target_ids == [t]
+    assert proposer.context.ids[-1] == fed
+
+
+def test_greedy_slrs_re_tokenizes_a_proper_prefix(toy_pair, monkeypatch):
+    """A proposal that no drafter token spells exactly (a proper prefix of the drafter's token) continues from
+    its text, re-tokenized: :meth:`SLRSProposer.continuation_id` is ``None``."""
+    proposer = _greedy_slrs(toy_pair)
+    spelled = set(proposer.exact_drafter_ids)
+    d = next(d for d, t in enumerate(proposer.map_list) if t >= 0 and t not in spelled)
+    logits = torch.zeros(1, proposer.context.n_tokens)
+    assert proposer.continuation_id(logits, proposer.map_list[d]) is None
