@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, nargs=2, default=[20, 25], metavar=("FIRST", "END"),
                         help="HumanEval problems FIRST .. END-1")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy decoding")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--settings", required=True, help="JSON: {name: generate() kwargs}; 'target' = alone")
@@ -56,11 +56,13 @@ def main() -> None:
             for name, kwargs in settings.items():
                 torch.manual_seed(seed)
                 start = time.perf_counter()
-                common = dict(do_sample=True, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+                common = dict(max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0)
+                if args.temperature > 0:
+                    common["temperature"] = args.temperature
                 if name == "target":
                     out = type(target).generate(target, ids, **common)  # the plain transformers method
                     new = out.shape[1] - ids.shape[1]
-                    forwards, drafted, accepted = new, 0, 0
+                    forwards, drafted, accepted, rejections = new, 0, 0, 0
                 else:
                     out = target.generate(ids, assistant_model=drafter, tokenizer=target_tok,
                                           assistant_tokenizer=drafter_tok,
@@ -68,16 +70,17 @@ def main() -> None:
                     stats = integration.last_stats(target)
                     new = out.shape[1] - ids.shape[1]
                     forwards, drafted, accepted = stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens
+                    rejections = stats.rejections
                 seconds = time.perf_counter() - start
-                row = totals.setdefault(name, [0, 0, 0, 0, 0.0])
-                for i, value in enumerate((new, forwards, drafted, accepted, seconds)):
+                row = totals.setdefault(name, [0, 0, 0, 0, 0, 0.0])
+                for i, value in enumerate((new, forwards, drafted, accepted, rejections, seconds)):
                     row[i] += value
                 print(prompt.prompt_id, seed, name, new, forwards, drafted, accepted, f"{seconds:.1f}s", flush=True)
-    base = totals["target"][0] / totals["target"][4] if "target" in totals else None
-    for name, (new, forwards, drafted, accepted, seconds) in totals.items():
+    base = totals["target"][0] / totals["target"][-1] if "target" in totals else None
+    for name, (new, forwards, drafted, accepted, rejections, seconds) in totals.items():
         speed = new / seconds
         print(f"{name:14s} tok/s {speed:.2f}" + (f" speedup {speed / base:.2f}x" if base else "")
-              + (f" acc {accepted / drafted:.2f}" if drafted else "")
+              + (f" acc {accepted / drafted:.2f} alpha {accepted / max(accepted + rejections, 1):.2f}" if drafted else "")
               + f" tok/fwd {new / max(forwards, 1):.2f} drafted/fwd {drafted / max(forwards, 1):.1f}")
 
 

@@ -33,7 +33,8 @@ Drafter tokens that map to no target token (possible only for special tokens wit
 counterpart, e.g. Gemma's ``<unusedN>``) are excluded from sampling: they get probability 0 in ``q``,
 and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the proposals.
 
-Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone). By default
+Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone); the drafter
+then reads the spelling of ``argmax psi`` it prefers (:meth:`SLRSProposer.continuation_id`). By default
 with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled call
 drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
 from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
