@@ -80,7 +80,8 @@ def main() -> None:
     for name, (new, forwards, drafted, accepted, rejections, seconds) in totals.items():
         speed = new / seconds
         print(f"{name:14s} tok/s {speed:.2f}" + (f" speedup {speed / base:.2f}x" if base else "")
-              + (f" acc {accepted / drafted:.2f} alpha {accepted / max(accepted + rejections, 1):.2f}" if drafted else "")
+              + (f" acc {accepted / drafted:.2f} alpha {accepted / max(accepted + rejections, 1):.2f}"
+                 if drafted else "")
               + f" tok/fwd {new / max(forwards, 1):.2f} drafted/fwd {drafted / max(forwards, 1):.1f}")
 
 

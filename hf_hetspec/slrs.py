@@ -35,8 +35,8 @@ and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the p
 
 Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone); the drafter
 then reads the spelling of ``argmax psi`` it prefers (:meth:`SLRSProposer.continuation_id`). By default
-with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled call
-drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
+with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled
+call drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
 from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
 """
 
@@ -80,8 +80,9 @@ class SLRSProposer(TokenLevelProposer):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, drafter_to_target=prefix_map, **kwargs)
         # greedy: the drafter tokens spelling exactly the proposed target token, to continue without
         # re-tokenizing (sampling knows the drafter token it drew)
-        self.exact_drafter_ids = (_exact_drafter_ids(target_vocab, drafter_vocab, self.map_list)
-                                  if self.greedy_draft else {})
+        self.exact_drafter_ids = {}
+        if self.greedy_draft:
+            self.exact_drafter_ids = _exact_drafter_ids(target_vocab, drafter_vocab, self.map_list)
 
     def _psi(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q, psi)``: the drafter distribution drafts are drawn from (``(1, V_drafter)``) and its
@@ -95,9 +96,10 @@ class SLRSProposer(TokenLevelProposer):
         Of the drafter tokens spelling exactly ``t``'s bytes, the one with the highest logit (``logits``:
         the drafter's next-token logits, ``(1, V_drafter)``): the token the drafter itself would write, not a
         duplicate spelling it never reads in text. Feeding Gemma-3 its byte-fallback ``<0x2C>`` after a
-        drafted ``,`` (the lowest id spelling it) derailed its next drafts: greedy SLRS accepted 0.58 of the
-        drafted tokens (alpha) against TLI's 0.77 on the same prompts. Which token is fed never changes the
-        output distribution, only the next drafts. ``None`` when no drafter token spells ``t`` (a proper
+        drafted ``,`` (the lowest id spelling it) derailed its next drafts: greedy decoding of HumanEval/20-25
+        had alpha 0.55 with SLRS against TLI's 0.67, and 0.67 with both once fixed
+        (``benchmarks/README.md``). Which token is fed never changes the output distribution, only the next
+        drafts. ``None`` when no drafter token spells ``t`` (a proper
         prefix): the caller re-tokenizes its text.
         """
         ids = self.exact_drafter_ids.get(t)

@@ -41,14 +41,14 @@ def _duplicate_spelling(proposer: SLRSProposer) -> tuple[int, int, int]:
 def test_greedy_slrs_feeds_the_drafter_the_spelling_it_prefers(toy_pair, monkeypatch, preferred):
     """After proposing a target token the drafter spells twice, greedy SLRS feeds the drafter the spelling
     with the higher logit -- the token the drafter itself would write -- not the lowest id (the byte-fallback
-    duplicate, which the drafter never reads in text; feeding Gemma-3 ``<0x2C>`` after a drafted ``,`` cost
-    greedy SLRS 0.2 of its acceptance rate)."""
+    duplicate, which the drafter never reads in text; feeding Gemma-3 ``<0x2C>`` after a drafted ``,`` lowered
+    greedy SLRS's alpha from TLI's 0.67 to 0.55 on HumanEval/20-25)."""
     proposer = _greedy_slrs(toy_pair)
     t, fallback, ordinary = _duplicate_spelling(proposer)
-    fed = ordinary if preferred == "ordinary" else fallback
+    fed, other = (ordinary, fallback) if preferred == "ordinary" else (fallback, ordinary)
     logits = torch.full((1, proposer.context.n_tokens), -10.0)
     logits[0, fed] = 10.0  # the drafter is sure of this spelling: psi's argmax is t
-    logits[0, fallback + ordinary - fed] = 9.0
+    logits[0, other] = 9.0
     monkeypatch.setattr(proposer.context, "next_logits", lambda: logits)
 
     draft = proposer.propose(_prompt_ids(toy_pair))
@@ -56,12 +56,3 @@ def test_greedy_slrs_feeds_the_drafter_the_spelling_it_prefers(toy_pair, monkeyp
     assert draft.target_ids == [t]
     assert proposer.context.ids[-1] == fed
 
-
-def test_greedy_slrs_re_tokenizes_a_proper_prefix(toy_pair, monkeypatch):
-    """A proposal that no drafter token spells exactly (a proper prefix of the drafter's token) continues from
-    its text, re-tokenized: :meth:`SLRSProposer.continuation_id` is ``None``."""
-    proposer = _greedy_slrs(toy_pair)
-    spelled = set(proposer.exact_drafter_ids)
-    d = next(d for d, t in enumerate(proposer.map_list) if t >= 0 and t not in spelled)
-    logits = torch.zeros(1, proposer.context.n_tokens)
-    assert proposer.continuation_id(logits, proposer.map_list[d]) is None
