@@ -60,3 +60,75 @@ def check_drafter_weights(drafter: torch.nn.Module) -> None:
                 f"assistant_model: parameter {name!r} holds NaN or infinite values, so the drafter's distribution "
                 "q would be undefined; reload the drafter (or fix its checkpoint).")
     _CHECKED[drafter] = fingerprint
+
+
+# --------------------------------------------------------------------------------------------------------
+# models as users have them: changed in place by transformers' assisted generation, wrapped by PEFT
+# --------------------------------------------------------------------------------------------------------
+
+#: The layers transformers' universal assisted generation puts in place of a drafter's LM head and input
+#: embedding (``AssistantToTargetTranslator`` in transformers/generation/candidate_generator.py, sampled calls
+#: with ``assistant_model`` and two tokenizers): the head keeps only the rows of the tokens the drafter shares
+#: with that call's target, so the drafter's own distribution ``q`` cannot be computed from it any more.
+_ASSISTED_GENERATION_LAYERS = ("_PruneReindexingLMHead", "_MapInputEmbedding")
+
+
+def check_not_changed_by_assisted_generation(model, role: str) -> None:
+    """Refuse a ``role`` model (``"target"`` or ``"drafter"``) whose LM head or input embedding transformers'
+    own universal assisted generation replaced in place (:data:`_ASSISTED_GENERATION_LAYERS`).
+
+    Raises:
+        ValueError: the message names the replaced layer, what replaced it and the fix (reload the model, or
+            hand transformers a copy).
+    """
+    for where, layer in (("LM head", model.get_output_embeddings()), ("input embedding", model.get_input_embeddings())):
+        name = type(layer).__name__
+        if name in _ASSISTED_GENERATION_LAYERS and type(layer).__module__.startswith("transformers."):
+            raise ValueError(
+                f"{_argument(role)} was changed in place by transformers' own assisted generation: its "
+                f"{where} is transformers' {name}, which a sampled generate(assistant_model=..., tokenizer=..., "
+                "assistant_tokenizer=...) without hf_hetspec put there, keeping only the rows shared with that "
+                "call's target; the original rows are gone. Reload the model (from_pretrained), and give "
+                "transformers' assisted generation a copy (assistant_model=copy.deepcopy(drafter)).")
+
+
+def _argument(role: str) -> str:
+    """How a message names the ``role`` model."""
+    return "the target (the model generate() is called on)" if role == "target" else "the drafter (`assistant_model`)"
+
+
+def is_peft_model(model) -> bool:
+    """Whether ``model`` is a PEFT ``PeftModel`` (duck-typed: ``peft`` is not a dependency of hf_hetspec)."""
+    return getattr(model, "peft_config", None) is not None and callable(getattr(model, "get_base_model", None))
+
+
+def peft_base_model(model):
+    """The transformers model inside a PEFT ``PeftModel``, its layers holding the adapters (LoRA layers wrap
+    the linear layers in place, so its forward is the adapted model's); any other ``model`` unchanged."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def check_peft_adapters(model, role: str) -> None:
+    """Refuse a ``PeftModel`` ``role`` (``"target"`` or ``"drafter"``) whose active adapter is prompt learning
+    (prefix / prompt / P-tuning): those add virtual tokens in ``PeftModel.forward`` rather than in the layers,
+    and hf_hetspec runs the layers. Any other model passes.
+
+    Raises:
+        NotImplementedError: names the adapter type and what works instead.
+    """
+    if not is_peft_model(model):
+        return
+    config = model.active_peft_config
+    if getattr(config, "is_prompt_learning", False):
+        raise NotImplementedError(
+            f"{_argument(role)} is a PeftModel with a prompt-learning adapter ({getattr(config.peft_type, 'value', config.peft_type)}), whose "
+            "virtual tokens hf_hetspec does not feed; use an adapter that changes the layers (e.g. LoRA), or "
+            "call generate() without `assistant_model`.")
+
+
+def adapter_state(model: torch.nn.Module) -> tuple:
+    """Which adapters each PEFT layer of ``model`` runs: ``(active, disabled, merged)`` per layer, in module order
+    (empty for a model without adapters). Changes with ``set_adapter``, ``disable_adapter()`` and merging, which
+    change what the model computes without changing any parameter."""
+    return tuple((tuple(m.active_adapters), bool(m.disable_adapters), tuple(m.merged_adapters))
+                 for m in model.modules() if hasattr(m, "merged_adapters") and hasattr(m, "active_adapters"))

@@ -30,6 +30,7 @@ from .alignment import Vocabulary, vocabulary
 from .drafter import DraftStop, model_device
 from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
+from .model_checks import check_not_changed_by_assisted_generation, check_peft_adapters, peft_base_model
 from .proposer import HeterogeneousProposer
 from .runtime import resolve_runtime
 from .slem import SLEMProposer
@@ -224,8 +225,12 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
             f"hetspec_algorithm={args.algorithm!r} is not available in this version of hf_hetspec; "
             f"available: {', '.join(IMPLEMENTED)} (or 'auto')."
         )
-    if not isinstance(drafter, PreTrainedModel):
-        raise TypeError(f"assistant_model must be a transformers PreTrainedModel, got {type(drafter).__name__}.")
+    if not isinstance(peft_base_model(drafter), PreTrainedModel):
+        raise TypeError(f"assistant_model must be a transformers PreTrainedModel (or a PEFT PeftModel of one), got "
+                        f"{type(drafter).__name__}.")
+    for role, model in (("target", target), ("drafter", drafter)):  # a user's model with a history
+        check_not_changed_by_assisted_generation(model, role)
+        check_peft_adapters(model, role)
     # a cache that a crop cannot roll back exactly would make the output differ from the target's
     check_model_supported(target, "target")
     check_model_supported(drafter, "drafter")

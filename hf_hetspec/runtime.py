@@ -33,6 +33,12 @@ prepared once and cached while the drafter lives; the user's drafter is never ch
   devices ``"eager"``. On this project's CPU ``"compiled"`` measured slower than ``"int8-static"``
   (``benchmarks/drafter_runtime.py``): a float32 step reads four times the bytes of an int8 one.
 
+Drafters with a history: a PEFT ``PeftModel`` runs eager as its transformers model (the adapters live in its
+layers); its copies merge the active adapters into their weights, and are remade when adapters are switched,
+disabled or merged (:func:`_weights_version`). A drafter that is already quantized (:func:`already_quantized`)
+is never copied or quantized again: ``"auto"`` uses it as it is, with a note; other runtimes but ``"eager"``
+are refused. A ``torch.compile`` of the drafter's ``forward`` or ``__call__`` is not carried into a copy.
+
 Why PyTorch's dynamic quantization and not torchao: measured on this project's 2-core x86 CPU (torch 2.13,
 torchao 0.18, one thread, SmolLM2-135M, ``benchmarks/drafter_runtime.py``), torchao's
 ``Int8DynamicActivationInt8WeightConfig`` step took 3.1x and ``Int8WeightOnlyConfig`` 1.8x the eager bf16
@@ -60,6 +66,7 @@ from transformers import PreTrainedModel
 from . import static_drafter
 from .compat import quiet_quantization_warnings
 from .drafter import max_positions, model_device
+from .model_checks import adapter_state, is_peft_model, peft_base_model
 from .status import status
 
 RUNTIMES = ("auto", "eager", "float32", "int8", "int8-static", "compiled")
@@ -119,9 +126,18 @@ def resolve_runtime(drafter: PreTrainedModel, runtime: str = "auto") -> tuple[st
 
     Raises:
         ValueError: ``runtime`` is not one of :data:`RUNTIMES`, or an int8 runtime is asked for a drafter
-            that is not on the CPU, or with a PyTorch without a quantized CPU engine.
+            that is not on the CPU, or with a PyTorch without a quantized CPU engine, or any runtime other than
+            ``"eager"`` and ``"auto"`` for a drafter that is already quantized (:func:`already_quantized`;
+            ``"auto"`` uses it as it is, with a note).
     """
     check_runtime(runtime)
+    quantized = already_quantized(drafter)
+    if quantized and runtime == "auto":
+        return "eager", f"the drafter is already quantized ({quantized}): used as it is"
+    if quantized and runtime != "eager":
+        raise ValueError(f"hetspec_drafter={runtime!r}: the drafter is already quantized ({quantized}), and "
+                         "hf_hetspec does not quantize or copy it a second time; use hetspec_drafter='auto' or "
+                         "'eager' (the drafter as it is).")
     on_cpu = all(p.device.type == "cpu" for p in drafter.parameters())
     engine = _quantized_engine()
     if runtime in INT8_RUNTIMES and (not on_cpu or engine is None):
@@ -170,7 +186,7 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     resolved, note = resolve_runtime(drafter, runtime)
     float32 = all(p.dtype == torch.float32 for p in drafter.parameters())
     if resolved == "eager" or (resolved == "float32" and float32):
-        return PreparedDrafter(drafter, resolved, 0, 0.0, note)
+        return PreparedDrafter(peft_base_model(drafter), resolved, 0, 0.0, note)
     per_drafter = _PREPARED.setdefault(drafter, {})
     version = _weights_version(drafter)
     seconds = 0.0
@@ -188,7 +204,7 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     if made.problem and runtime == "auto":
         what = "int8" if resolved in INT8_RUNTIMES else resolved
         note = f"{what} drafter unavailable ({made.problem}): eager drafter"
-        return PreparedDrafter(drafter, "eager", 0, seconds, note)
+        return PreparedDrafter(peft_base_model(drafter), "eager", 0, seconds, note)
     if made.problem:
         what = "with int8 linear layers" if resolved in INT8_RUNTIMES else f"as {resolved!r}"
         raise ValueError(f"hetspec_drafter={runtime!r}: this drafter does not run {what} ({made.problem}); use "
@@ -221,6 +237,9 @@ _WHY_IT_TAKES = {"float32": "copying", "int8": "quantizing", "int8-static": "qua
 def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     """The copy for ``runtime`` in ``("float32", "int8", "int8-static", "compiled")``; ``"int8-static"`` becomes
     ``"int8"`` where the static step does not run the drafter (:func:`hf_hetspec.static_drafter.build`)."""
+    if adapter_state(drafter) and not is_peft_model(drafter):  # PEFT's merge needs its PeftModel
+        return _Copy(version, None, runtime, problem="its PEFT adapters were put in without a PeftModel (e.g. "
+                                                     "transformers' add_adapter), which a copy cannot merge")
     if runtime == "compiled":
         return _compiled_copy(drafter, version)
     model = _eval_copy(drafter)
@@ -292,14 +311,25 @@ def _decoder_linear_weights(model: PreTrainedModel) -> int:
 
 
 def _weights_version(model: torch.nn.Module) -> tuple:
-    """Changes when a parameter is replaced or modified in place (the cached copy is then stale)."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+    """Changes when a parameter is replaced or modified in place, or PEFT adapters are switched, disabled or
+    merged (the cached copy is then stale)."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters()) + adapter_state(model)
 
 
 def _eval_copy(drafter: PreTrainedModel, dtype: torch.dtype | None = torch.float32) -> PreTrainedModel:
     """An independent copy in eval mode in ``dtype`` (``None``: the drafter's), ties between weights (e.g.
-    embedding and LM head) kept."""
+    embedding and LM head) kept. A PEFT drafter's active adapters are merged into the copy's weights (PEFT's
+    ``merge_and_unload``; disabled adapters are dropped with ``unload``), so that the copy computes what the
+    drafter computes now with plain layers. A ``torch.compile`` of the drafter's ``forward`` or ``__call__``
+    (``model.forward = torch.compile(model.forward)``, ``model.compile()``) is bound to the drafter itself and
+    is not kept: the copy runs its own weights."""
     model = copy.deepcopy(drafter)
+    if is_peft_model(model):
+        disabled = any(state[1] for state in adapter_state(model))
+        model = model.unload() if disabled else model.merge_and_unload()
+    if hasattr(model.__dict__.get("forward"), "_torchdynamo_orig_callable"):
+        del model.forward
+    model._compiled_call_impl = None
     if dtype is not None:
         model.to(dtype)
     model.eval()
@@ -331,6 +361,21 @@ def _first_line(err: Exception) -> str:
     """``"<type>: <first line of the message>"``, the line cut at 100 characters (for a one-line note)."""
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0][:100] if lines else ''}"
+
+
+def already_quantized(model: torch.nn.Module) -> str:
+    """What quantized ``model``'s weights before hf_hetspec saw it, in a few words (``""``: nothing did):
+    transformers' ``quantization_config`` (torchao, bitsandbytes, ...), quantized tensor subclasses put in by
+    another library (e.g. torchao's ``quantize_``), or PyTorch's dynamically quantized linear layers."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        return f"transformers' {type(quantizer.quantization_config).__name__}"
+    for name, param in model.named_parameters():
+        if type(param.data) is not torch.Tensor:
+            return f"its parameter {name!r} is a {type(param.data).__name__}"
+    if any(hasattr(module, "_packed_params") for module in model.modules()):
+        return "it has dynamically quantized int8 linear layers"
+    return ""
 
 
 def _quantized_engine() -> str | None:

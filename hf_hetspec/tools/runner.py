@@ -310,7 +310,8 @@ class Runner:
         builtin_drafter, builtin_drafter_tokenizer: drafter (and tokenizer) of transformers' built-in path.
             Greedy: the same objects (the drafter's generation config is restored after each call).
             Sampling: a separately loaded copy, because transformers prunes the LM head of the first drafter
-            it sees with a tokenizer pair in place, and caches that translation per tokenizer object.
+            it sees with a tokenizer pair in place, and caches that translation per tokenizer object; when
+            none is given, a deep copy of ``drafter`` and its tokenizer, made at the first sampled call.
         homogeneous_drafter: a drafter with the target's vocabulary for ``"homogeneous"`` (``None``: not run).
         drafter_runtime: hf_hetspec's ``hetspec_drafter`` (:mod:`hf_hetspec.runtime`); transformers' methods
             always run the drafter as loaded.
@@ -420,6 +421,9 @@ class Runner:
 
     def transformers_assisted(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
         """transformers' universal assisted generation with the (built-in copy of the) drafter."""
+        if self.do_sample and self.builtin_drafter is self.drafter:  # never prune hf_hetspec's drafter
+            self.builtin_drafter = copy.deepcopy(self.drafter)
+            self.builtin_drafter_tokenizer = copy.deepcopy(self.builtin_drafter_tokenizer)
         tokenizers = {"tokenizer": self.target_tokenizer,
                       "assistant_tokenizer": self.builtin_drafter_tokenizer}
         return self._transformers_assisted("transformers", ids, max_new_tokens, self.builtin_drafter,

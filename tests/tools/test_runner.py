@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_hetspec.tools.runner import FirstTokenTimer
+from hf_hetspec.testing import toy
+from hf_hetspec.tools.runner import FirstTokenTimer, Runner
 
 
 def test_first_token_timer_skips_the_prompt():
@@ -15,3 +16,20 @@ def test_first_token_timer_skips_the_prompt():
     first = timer.first_token_at
     timer.put(torch.tensor([5]))
     assert first is not None and timer.first_token_at == first
+
+
+def test_sampled_transformers_rows_prune_a_copy_of_the_drafter_made_once():
+    """Without a separately loaded drafter for transformers' rows, transformers' sampled path (which replaces its
+    drafter's LM head in place) gets a deep copy, made at its first call, and hf_hetspec's rows keep the drafter."""
+    target_tokenizer, drafter_tokenizer = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
+    drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
+    head = drafter.get_output_embeddings()
+    runner = Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=4, do_sample=True)
+    ids = target_tokenizer("the", return_tensors="pt").input_ids
+    assert runner.transformers_assisted(ids).new_tokens == 4
+    builtin = runner.builtin_drafter
+    assert builtin is not drafter and type(builtin.get_output_embeddings()).__name__ == "_PruneReindexingLMHead"
+    assert runner.hetspec(ids).new_tokens == 4
+    assert runner.transformers_assisted(ids).new_tokens == 4 and runner.builtin_drafter is builtin
+    assert drafter.get_output_embeddings() is head and head.weight.shape[0] == len(drafter_tokenizer)
