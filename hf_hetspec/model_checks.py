@@ -1,4 +1,5 @@
-"""Checks on the drafter's weights before it drafts: not on the ``meta`` device, and finite.
+"""Checks on the models before any work: the drafter's weights (not on the ``meta`` device, and finite), and
+models with a history (changed in place by transformers, wrapped by PEFT).
 
 A drafter on ``meta`` (built under ``init_empty_weights`` or offloaded by a ``device_map``) has no values, so
 its first forward fails deep inside torch; a drafter with NaN or infinite weights yields a NaN draft
@@ -10,6 +11,12 @@ and only a sum that overflows is checked element by element. For 135M weights th
 2-core CPU, against 1.9-2.5 s for ``torch.isfinite(weight).all()``. The result is remembered per drafter until
 one of its parameters is replaced or changed in place (torch's per-tensor version counter), so repeated
 ``generate()`` calls do not pay for it again.
+
+Models with a history (docs/hardening.md, "Models as users have them"): a target or drafter whose LM head
+transformers' own universal assisted generation pruned in place is refused before any work
+(:func:`check_not_changed_by_assisted_generation`); a PEFT ``PeftModel`` is accepted in either role, its
+adapters living in the layers hf_hetspec runs (:func:`peft_base_model`), except prompt-learning adapters
+(:func:`check_peft_adapters`); :func:`adapter_state` tells the drafter runtime's cache when adapters changed.
 """
 
 from __future__ import annotations
@@ -81,7 +88,8 @@ def check_not_changed_by_assisted_generation(model, role: str) -> None:
         ValueError: the message names the replaced layer, what replaced it and the fix (reload the model, or
             hand transformers a copy).
     """
-    for where, layer in (("LM head", model.get_output_embeddings()), ("input embedding", model.get_input_embeddings())):
+    layers = (("LM head", model.get_output_embeddings()), ("input embedding", model.get_input_embeddings()))
+    for where, layer in layers:
         name = type(layer).__name__
         if name in _ASSISTED_GENERATION_LAYERS and type(layer).__module__.startswith("transformers."):
             raise ValueError(
@@ -120,8 +128,9 @@ def check_peft_adapters(model, role: str) -> None:
         return
     config = model.active_peft_config
     if getattr(config, "is_prompt_learning", False):
+        kind = getattr(config.peft_type, "value", config.peft_type)
         raise NotImplementedError(
-            f"{_argument(role)} is a PeftModel with a prompt-learning adapter ({getattr(config.peft_type, 'value', config.peft_type)}), whose "
+            f"{_argument(role)} is a PeftModel with a prompt-learning adapter ({kind}), whose "
             "virtual tokens hf_hetspec does not feed; use an adapter that changes the layers (e.g. LoRA), or "
             "call generate() without `assistant_model`.")
 

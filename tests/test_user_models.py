@@ -149,7 +149,9 @@ def test_lora_models_are_used_with_their_adapters(toy_pair, role):
 
 
 @pytest.mark.parametrize("runtime, algorithm", [("auto", "slem"), ("eager", "tli"), ("float32", "slrs"),
-                                                ("int8", "slem"), ("int8-static", "tli")])
+                                                ("int8", "slem"), ("int8-static", "tli"),
+                                                # inductor compiles the step: ~30 s on this CPU
+                                                pytest.param("compiled", "slrs", marks=pytest.mark.slow)])
 def test_lora_drafter_in_every_runtime_drafts_with_its_adapters(toy_pair, runtime, algorithm):
     drafter = _lora(toy_pair.drafter, seed=1)
     _assert_identical(toy_pair.target, drafter, toy_pair, (algorithm,), hetspec_drafter=runtime)
@@ -361,7 +363,8 @@ def test_attention_implementations(toy_pair, implementation):
     _assert_identical(target, drafter, toy_pair)
 
 
-@pytest.mark.parametrize("target_dtype, drafter_dtype", [(torch.float16, torch.float32), (torch.float32, torch.float16)],
+@pytest.mark.parametrize("target_dtype, drafter_dtype",
+                         [(torch.float16, torch.float32), (torch.float32, torch.float16)],
                          ids=["fp16-target", "fp16-drafter"])
 def test_float16_targets_and_drafters(toy_pair, target_dtype, drafter_dtype):
     """bfloat16 both ways: ``test_hardening::test_mixed_dtypes``. A half-precision target verifies several tokens
