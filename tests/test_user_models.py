@@ -178,7 +178,7 @@ def test_adapters_without_a_peft_model_are_not_lost_in_a_copy(toy_pair):
 
 
 def test_lora_drafter_copy_is_rebuilt_when_adapters_or_weights_change(toy_pair):
-    drafter = _lora(toy_pair.drafter, "a", "b", seed=1)
+    drafter = _lora(toy_pair.drafter, "first", "second", seed=1)
     ids = _ids(toy_pair.drafter_tokenizer, toy_pair.prompts[0])
     seen = [_logits(toy_pair.drafter, ids)]
 
@@ -195,24 +195,24 @@ def test_lora_drafter_copy_is_rebuilt_when_adapters_or_weights_change(toy_pair):
     first = check_copy_follows_the_drafter()
     again = prepare_drafter(drafter, "int8")
     assert first.prepare_s > 0 and again.model is first.model and again.prepare_s == 0  # cached while unchanged
-    drafter.set_adapter("b")
+    drafter.set_adapter("second")
     switched = check_copy_follows_the_drafter()
     assert switched.model is not first.model
     with drafter.disable_adapter():
         assert check_copy_follows_the_drafter().model is not switched.model
     with torch.no_grad():
-        next(p for n, p in drafter.named_parameters() if "lora_B.b" in n).mul_(3.0)
+        next(p for n, p in drafter.named_parameters() if "lora_B.second" in n).mul_(3.0)
     assert check_copy_follows_the_drafter().model is not switched.model
 
 
 def test_lora_target_switched_or_disabled_adapters_are_honoured(toy_pair):
-    target = _lora(toy_pair.target, "a", "b")
+    target = _lora(toy_pair.target, "first", "second")
     ids = _ids(toy_pair.target_tokenizer, toy_pair.prompts[0])
     tokenizers = (toy_pair.target_tokenizer, toy_pair.drafter_tokenizer)
     outputs = []
-    for step in ("a", "b", "disabled"):
-        if step == "b":
-            target.set_adapter("b")
+    for step in ("first", "second", "disabled"):
+        if step == "second":
+            target.set_adapter("second")
         if step == "disabled":
             with target.disable_adapter():
                 expected, out = _alone(target, ids), _hetspec(target, toy_pair.drafter, tokenizers, ids, "slrs")
@@ -233,6 +233,12 @@ def test_lora_pair_sampling_is_lossless(toy_pair):
                              temperature=0.7, top_k=5)
     assert report.num_bins >= 3 and report.passed, str(report)
     assert report.acceptance_rate > 0
+
+
+def test_a_drafter_that_is_no_model_is_still_refused(toy_pair):
+    with pytest.raises(TypeError, match=r"PreTrainedModel \(or a PEFT PeftModel of one\), got Linear"):
+        _hetspec(toy_pair.target, torch.nn.Linear(2, 2), (toy_pair.target_tokenizer, toy_pair.drafter_tokenizer),
+                 _ids(toy_pair.target_tokenizer, "the"), "slem")
 
 
 @pytest.mark.parametrize("role", ["target", "drafter"])
@@ -379,3 +385,4 @@ def test_float16_targets_and_drafters(toy_pair, target_dtype, drafter_dtype):
         verdict = compare_greedy(target, ids, expected, out)
         assert verdict.verdict == "identical" or (target_dtype != torch.float32 and verdict.verdict == "tie"), (
             algorithm, str(verdict))
+
