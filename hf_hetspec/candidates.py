@@ -28,6 +28,7 @@ callers of ``_assisted_decoding``. ``tests/test_candidates.py`` pins the transfo
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -141,7 +142,7 @@ class HetspecCandidateGenerator(CandidateGenerator):
         Args:
             target, drafter: the models (``drafter`` is never modified; ``hetspec_drafter`` picks its runtime).
             input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
-            generation_config: the config ``_assisted_decoding`` gets (its ``max_length`` set).
+            generation_config: the call's config (``max_new_tokens`` or ``max_length``: drafts never cross it).
             tokenizer, assistant_tokenizer: the target's and the drafter's tokenizers.
             hetspec_drafter, hetspec_draft_temperature, assistant_input_ids: as in ``generate()``.
 
@@ -157,7 +158,10 @@ class HetspecCandidateGenerator(CandidateGenerator):
         prepared = prepare_drafter(drafter, hetspec_drafter)
         stats = DecodingStats(algorithm=plan.algorithm, note=plan.note, drafter_runtime=prepared.runtime,
                               drafter_prepare_s=prepared.prepare_s, drafter_memory_bytes=prepared.memory_bytes)
-        return cls.from_plan(plan, prepared.model, input_ids, generation_config, stats)
+        decoding_config = copy.deepcopy(generation_config)
+        if decoding_config.max_new_tokens is not None:  # as transformers' generate() resolves the length
+            decoding_config.max_length = decoding_config.max_new_tokens + input_ids.shape[1]
+        return cls.from_plan(plan, prepared.model, input_ids, decoding_config, stats)
 
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.Tensor | None]:
         """The next draft after the accepted ``input_ids``.
