@@ -15,6 +15,9 @@ Only token ids and text cross between the models: the call's ``attention_mask`` 
 (it numbers its own positions and keeps its own cache); ``assistant_input_ids=`` gives the drafter its own
 prompt (e.g. its own chat template, :func:`hf_hetspec.chat_inputs`).
 
+With ``hetspec_loop="transformers"`` step 2 hands transformers' own ``_assisted_decoding`` the algorithm's
+``CandidateGenerator`` (:mod:`hf_hetspec.candidates`) instead, through :func:`assisted_decoding_with`.
+
 Without ``assistant_model`` the call goes to transformers unchanged. Supported: transformers 5.x
 (``custom_generate`` callables and ``GenerationMixin._prepare_generation_config``); the contract test
 ``tests/test_integration.py`` pins what is used.
@@ -83,6 +86,13 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       :func:`hf_hetspec.verify.verify_block`; accepts at least as many tokens in expectation). Both keep the
       target's distribution exactly. ``"block"`` is refused before any work (``ValueError``) for SLEM and for
       greedy calls, which verify by exact match and where it would change nothing (docs/verification.md).
+    * ``hetspec_loop``: ``"hetspec"`` (default) or ``"transformers"``: whose draft-verify loop runs the call --
+      hf_hetspec's own (:func:`~hf_hetspec.decoding.speculative_generate`) or transformers'
+      ``_assisted_decoding`` with the algorithm's ``CandidateGenerator`` (:mod:`hf_hetspec.candidates`, put in
+      place for this call only by :func:`assisted_decoding_with`). Both are exact; in transformers' loop
+      ``hetspec_generator``, ``hetspec_verification="block"``, ``stop_strings``, ``stopping_criteria`` and a
+      passed cache are refused before any work (``ValueError``,
+      :func:`hf_hetspec.candidates.check_transformers_loop`).
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by
