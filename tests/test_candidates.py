@@ -233,7 +233,7 @@ def test_greedy_identical_to_the_target_alone(request, pair_name, algorithm):
 
 
 def test_generation_settings_are_honoured_as_by_the_target_alone(toy_pair):
-    """Settings that become logits processors or EOS/length stops, an EOS list, output scores."""
+    """Settings that become logits processors or EOS/length stops, an EOS list, position_ids, output scores."""
     ids = _ids(toy_pair, PROMPTS[0])
     for kwargs in (dict(repetition_penalty=1.3, min_new_tokens=6, max_new_tokens=20),
                    dict(no_repeat_ngram_size=2, max_new_tokens=20),
@@ -242,6 +242,11 @@ def test_generation_settings_are_honoured_as_by_the_target_alone(toy_pair):
         for algorithm in ALGORITHMS:
             assert _in_transformers_loop(toy_pair, ids, algorithm, do_sample=False, **kwargs).tolist() == \
                 expected.tolist(), (algorithm, kwargs)
+    positions = torch.arange(ids.shape[1])[None] * 3  # gaps: the plain output changes (an offset would not)
+    expected = _reference(toy_pair, ids, do_sample=False, max_new_tokens=12, position_ids=positions)
+    assert expected.tolist() != _reference(toy_pair, ids, do_sample=False, max_new_tokens=12).tolist()
+    assert _in_transformers_loop(toy_pair, ids, "slem", do_sample=False, max_new_tokens=12,
+                                 position_ids=positions).tolist() == expected.tolist()
     expected = _reference(toy_pair, ids, do_sample=False, max_new_tokens=12, return_dict_in_generate=True,
                           output_scores=True)
     out = _in_transformers_loop(toy_pair, ids, "tli", do_sample=False, max_new_tokens=12,
