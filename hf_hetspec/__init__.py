@@ -11,6 +11,13 @@ Usage::
                           max_new_tokens=128)
     print(hf_hetspec.last_stats(target).summary())
 
+The same algorithms inside transformers' own assisted-generation loop (``_assisted_decoding``), as
+``CandidateGenerator`` classes (:mod:`hf_hetspec.candidates`)::
+
+    out = target.generate(input_ids, assistant_model=drafter, tokenizer=target_tokenizer,
+                          assistant_tokenizer=drafter_tokenizer, hetspec_algorithm="tli",
+                          hetspec_loop="transformers", max_new_tokens=128)
+
 Chat prompts with each model's own template (the drafter's prompt only changes its proposals)::
 
     inputs = hf_hetspec.chat_inputs(messages, target_tokenizer, drafter_tokenizer)
@@ -18,10 +25,16 @@ Chat prompts with each model's own template (the drafter's prompt only changes i
                           assistant_tokenizer=drafter_tokenizer, max_new_tokens=128)
 """
 
+from .candidates import (
+    HetspecCandidateGenerator,
+    SLEMCandidateGenerator,
+    SLRSCandidateGenerator,
+    TLICandidateGenerator,
+)
 from .chat import chat_inputs
-from .integration import disable, enable, is_enabled, last_stats
-from .intersection import VocabularyIntersection, vocabulary_intersection
-from .plan import ALGORITHMS, IMPLEMENTED, VERIFICATIONS, DecodingPlan
+from .integration import assisted_decoding_with, disable, enable, is_enabled, last_stats
+from .intersection import IntersectionLogitsProcessor, VocabularyIntersection, vocabulary_intersection
+from .plan import ALGORITHMS, IMPLEMENTED, LOOPS, VERIFICATIONS, DecodingPlan
 from .stats import DecodingStats
 
 __version__ = "0.1.0"
@@ -29,10 +42,17 @@ __version__ = "0.1.0"
 __all__ = [
     "ALGORITHMS",
     "IMPLEMENTED",
+    "LOOPS",
     "VERIFICATIONS",
     "DecodingPlan",
     "DecodingStats",
+    "HetspecCandidateGenerator",
+    "IntersectionLogitsProcessor",
+    "SLEMCandidateGenerator",
+    "SLRSCandidateGenerator",
+    "TLICandidateGenerator",
     "VocabularyIntersection",
+    "assisted_decoding_with",
     "chat_inputs",
     "disable",
     "enable",

@@ -15,6 +15,9 @@ Only token ids and text cross between the models: the call's ``attention_mask`` 
 (it numbers its own positions and keeps its own cache); ``assistant_input_ids=`` gives the drafter its own
 prompt (e.g. its own chat template, :func:`hf_hetspec.chat_inputs`).
 
+With ``hetspec_loop="transformers"`` step 2 hands transformers' own ``_assisted_decoding`` the algorithm's
+``CandidateGenerator`` (:mod:`hf_hetspec.candidates`) instead, through :func:`assisted_decoding_with`.
+
 Without ``assistant_model`` the call goes to transformers unchanged. Supported: transformers 5.x
 (``custom_generate`` callables and ``GenerationMixin._prepare_generation_config``); the contract test
 ``tests/test_integration.py`` pins what is used.
@@ -27,11 +30,13 @@ import threading
 import time
 import types
 import weakref
+from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
+from .candidates import GENERATORS, HetspecCandidateGenerator, check_transformers_loop
 from .compat import cache_from_kwargs
 from .decoding import speculative_generate
 from .model_checks import check_drafter_weights
@@ -45,6 +50,9 @@ _THREAD = threading.local()
 _MARK = "_hf_hetspec_enabled"
 _SAVED = "_hf_hetspec_saved_generate"
 _REDUCE = "__reduce_ex__"
+#: The method of transformers' ``_assisted_decoding`` that builds its candidate generator (overridden on the
+#: instance for one call by :func:`assisted_decoding_with`).
+_GET_CANDIDATE_GENERATOR = "_get_candidate_generator"
 
 
 def enable(model: PreTrainedModel) -> PreTrainedModel:
@@ -78,6 +86,13 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       :func:`hf_hetspec.verify.verify_block`; accepts at least as many tokens in expectation). Both keep the
       target's distribution exactly. ``"block"`` is refused before any work (``ValueError``) for SLEM and for
       greedy calls, which verify by exact match and where it would change nothing (docs/verification.md).
+    * ``hetspec_loop``: ``"hetspec"`` (default) or ``"transformers"``: whose draft-verify loop runs the call --
+      hf_hetspec's own (:func:`~hf_hetspec.decoding.speculative_generate`) or transformers'
+      ``_assisted_decoding`` with the algorithm's ``CandidateGenerator`` (:mod:`hf_hetspec.candidates`, put in
+      place for this call only by :func:`assisted_decoding_with`). Both are exact; in transformers' loop
+      ``hetspec_generator``, ``hetspec_verification="block"``, ``stop_strings``, ``stopping_criteria`` and a
+      passed cache are refused before any work (``ValueError``,
+      :func:`hf_hetspec.candidates.check_transformers_loop`).
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by
@@ -140,6 +155,38 @@ def disable(model: PreTrainedModel) -> PreTrainedModel:
     model.__dict__.pop(_REDUCE, None)
     del model.__dict__[_MARK]
     return model
+
+
+@contextmanager
+def assisted_decoding_with(model: PreTrainedModel, candidate_generator: HetspecCandidateGenerator):
+    """Make ``model._assisted_decoding`` use ``candidate_generator`` inside the ``with`` block.
+
+    transformers 5.x has no argument for a candidate generator: ``_assisted_decoding`` builds its own with
+    ``self._get_candidate_generator(...)``. This puts a ``_get_candidate_generator`` returning
+    ``candidate_generator`` on the *instance* (the class is untouched) and deletes it when the block ends,
+    also on an exception. Not re-entrant: one such block per model at a time (two threads decoding on one
+    target in transformers' loop would share the hook).
+
+    Example (docs/api.md "transformers' loop")::
+
+        generator = hf_hetspec.TLICandidateGenerator.for_call(target, drafter, input_ids, config,
+                                                               tokenizer=tok, assistant_tokenizer=dtok)
+        with hf_hetspec.assisted_decoding_with(target, generator):
+            out = target._assisted_decoding(input_ids, logits_processor, stopping_criteria, config, **kwargs)
+
+    Raises:
+        RuntimeError: a block for ``model`` is already open.
+    """
+    if _GET_CANDIDATE_GENERATOR in model.__dict__:
+        raise RuntimeError(
+            "another call on this model is already running transformers' loop with an hf_hetspec candidate "
+            "generator (another thread?): run one such call per model at a time, or use hetspec_loop='hetspec'."
+        )
+    model.__dict__[_GET_CANDIDATE_GENERATOR] = lambda *args, **kwargs: candidate_generator
+    try:
+        yield candidate_generator
+    finally:
+        model.__dict__.pop(_GET_CANDIDATE_GENERATOR, None)
 
 
 def is_enabled(model: PreTrainedModel) -> bool:
@@ -211,6 +258,36 @@ class _HetSpecDecoding:
         return out
 
 
+class _TransformersLoop:
+    """The ``custom_generate`` callable of a ``hetspec_loop="transformers"`` call: transformers' own
+    ``_assisted_decoding`` with the plan's candidate generator (:mod:`hf_hetspec.candidates`), on the inputs
+    transformers prepared exactly as for plain decoding. The streamer travels here for the reason given in
+    :class:`_HetSpecDecoding`."""
+
+    def __init__(self, plan: DecodingPlan, drafter, stats: DecodingStats, streamer=None):
+        self.plan = plan
+        self.drafter = drafter
+        self.stats = stats
+        self.streamer = streamer
+
+    def __call__(self, model, input_ids, logits_processor=None, stopping_criteria=None, generation_config=None,
+                 synced_gpus=False, streamer=None, **model_kwargs):
+        began = time.perf_counter()
+        generator = GENERATORS[self.plan.algorithm].from_plan(self.plan, self.drafter, input_ids, generation_config,
+                                                              self.stats)
+        if self.streamer is not None:
+            self.streamer.put(input_ids.cpu())
+        with assisted_decoding_with(model, generator):
+            out = model._assisted_decoding(input_ids, logits_processor, stopping_criteria, generation_config,
+                                           synced_gpus=False, streamer=self.streamer, **model_kwargs)
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        self.stats.prompt_tokens = input_ids.shape[1]
+        self.stats.new_tokens = sequences.shape[1] - input_ids.shape[1]
+        self.stats.drafter_truncated_tokens = generator.proposer.context.truncated_tokens
+        self.stats.total_s = time.perf_counter() - began
+        return out
+
+
 def _generate(self, *args, **kwargs):
     bound = _GENERATE_SIGNATURE.bind_partial(self, *args, **kwargs)
     call = dict(bound.arguments)
@@ -228,6 +305,8 @@ def _generate(self, *args, **kwargs):
         return original(**call, **extra)
 
     plan = make_plan(self, call, extra, hetspec)
+    if hetspec.loop == "transformers":
+        check_transformers_loop(plan, hetspec, call, plan.model_kwargs)
     check_drafter_weights(call["assistant_model"])
     # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter and cached
     prepared = prepare_drafter(call["assistant_model"], hetspec.drafter_runtime)
@@ -245,6 +324,9 @@ def _generate(self, *args, **kwargs):
     streamer = call.pop("streamer", None)
     call.pop("assistant_model")
     call["generation_config"] = plan.generation_config
-    call["custom_generate"] = _HetSpecDecoding(plan, prepared.model, stats, hetspec.generator, streamer)
+    if hetspec.loop == "transformers":
+        call["custom_generate"] = _TransformersLoop(plan, prepared.model, stats, streamer)
+    else:
+        call["custom_generate"] = _HetSpecDecoding(plan, prepared.model, stats, hetspec.generator, streamer)
     with torch.no_grad():
         return original(**call, **plan.model_kwargs)

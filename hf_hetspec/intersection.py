@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import LogitsProcessor
 
 from .alignment import BYTE_FALLBACK, Vocabulary
 
@@ -100,6 +101,28 @@ def push_forward(drafter_probs: torch.Tensor, drafter_to_target: torch.Tensor, t
     index = mapped.clamp_min(0).expand_as(values)
     out = drafter_probs.new_zeros(*drafter_probs.shape[:-1], target_size)
     return out.scatter_add_(-1, index, values)
+
+
+class IntersectionLogitsProcessor(LogitsProcessor):
+    """Restricts a drafter's logits to the drafter ids that have a target token: ``-inf`` for the others.
+
+    TLI's restriction to the vocabulary intersection (Timor et al. 2025, Algorithm 4, with ``drafter_to_target``
+    = :attr:`VocabularyIntersection.drafter_to_target`) and SLRS's to the ids its prefix map sends somewhere
+    (:func:`prefix_map_for`); the softmax of the result is the drafter's distribution renormalized over them.
+    transformers' own universal assisted generation does this with a generic suppress-tokens processor.
+
+    Args:
+        drafter_to_target (``torch.LongTensor`` of shape ``(V,)``): target id per column of the drafter's
+            logits, ``-1`` for columns to remove.
+    """
+
+    def __init__(self, drafter_to_target: torch.Tensor):
+        self.mask = torch.where(drafter_to_target >= 0, 0.0, float("-inf"))  # [V]
+
+    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """``scores`` (``(batch, V)``, any float dtype) as float32 with the unmapped columns at ``-inf``;
+        ``input_ids`` is not read (the restriction does not depend on the context)."""
+        return scores.float() + self.mask.to(scores.device)
 
 
 def _canonical_ids(vocab: Vocabulary) -> dict[bytes, int]:

@@ -44,6 +44,9 @@ IMPLEMENTED = ("slem", "tli", "slrs")
 #: ``hetspec_verification``: how TLI and SLRS verify a sampled draft against its ``q`` / ``psi`` -- token by
 #: token (``verify.verify_speculative_sampling``, the default) or as a block (``verify.verify_block``).
 VERIFICATIONS = ("token", "block")
+#: ``hetspec_loop``: whose draft-verify loop runs a call -- hf_hetspec's own (``decoding.speculative_generate``,
+#: the default) or transformers' ``_assisted_decoding`` with the generators of ``candidates.py``.
+LOOPS = ("hetspec", "transformers")
 #: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
 DEFAULT_LOOKAHEAD = 5
 
@@ -176,6 +179,7 @@ class HetspecArguments:
         drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`), default
             ``"auto"``.
         verification: ``hetspec_verification``, ``"token"`` (default) or ``"block"`` (:func:`check_verification`).
+        loop: ``hetspec_loop``, ``"hetspec"`` (default) or ``"transformers"`` (one of ``LOOPS``).
     """
 
     algorithm: str = "auto"
@@ -184,19 +188,21 @@ class HetspecArguments:
     drafter_prompt: torch.Tensor | None = None
     drafter_runtime: str = "auto"
     verification: str = "token"
+    loop: str = "hetspec"
 
     KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
-                "hetspec_drafter", "hetspec_verification")
+                "hetspec_drafter", "hetspec_verification", "hetspec_loop")
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
         """Remove hf_hetspec's keywords from ``kwargs``; returns them and whether any was given."""
         values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
         given = any(value is not None for value in values)
-        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification = values
+        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification, loop = values
         return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt,
                    "auto" if drafter_runtime is None else drafter_runtime,
-                   "token" if verification is None else verification), given
+                   "token" if verification is None else verification,
+                   "hetspec" if loop is None else loop), given
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -225,6 +231,8 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
             f"hetspec_algorithm={args.algorithm!r} is not available in this version of hf_hetspec; "
             f"available: {', '.join(IMPLEMENTED)} (or 'auto')."
         )
+    if not isinstance(args.loop, str) or args.loop not in LOOPS:
+        raise ValueError(f"hetspec_loop={args.loop!r} is not known; use one of {', '.join(LOOPS)}.")
     if not isinstance(peft_base_model(drafter), PreTrainedModel):
         raise TypeError(f"assistant_model must be a transformers PreTrainedModel (or a PEFT PeftModel of one), got "
                         f"{type(drafter).__name__}.")

@@ -16,6 +16,7 @@ from transformers import LogitsProcessorList
 
 from .alignment import Vocabulary, complete_utf8_prefix, convert_prompt, sanitize_utf8
 from .drafter import DrafterContext, DrafterContextFull, DraftStop
+from .intersection import IntersectionLogitsProcessor
 from .stats import DecodingStats
 
 #: The longest draft any schedule grows to (drafter tokens).
@@ -203,7 +204,7 @@ class TokenLevelProposer(HeterogeneousProposer):
             self.stats.drafter_head_rows = int(kept.numel())
             mapped = mapped[kept]
         self.map = mapped.to(device)  # [columns] -> target id
-        self.mask = torch.where(mapped >= 0, 0.0, float("-inf")).to(device)  # [columns]
+        self.restrict = IntersectionLogitsProcessor(mapped.to(device))  # unmapped columns -> -inf
         self.target_size = target_size
         self.sampling = sampling
         self.greedy_draft = greedy_draft or not sampling
@@ -215,7 +216,7 @@ class TokenLevelProposer(HeterogeneousProposer):
         """``q``: the distribution drafts are drawn from (``(1, columns)``), from the drafter's logits:
         unmapped ids masked, then (when sampling) the call's warpers, then softmax. The call's warpers
         (temperature, top-k, top-p) give the same ``q`` whether unmapped ids are masked or pruned away."""
-        scores = logits.float() + self.mask
+        scores = self.restrict(None, logits)
         if self.sampling and len(self.processors):
             scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
         return scores.softmax(dim=-1)

@@ -43,7 +43,7 @@ class TLIProposer(TokenLevelProposer):
         """The drafter's choice from its next-token logits (``(1, C)``): the argmax over the intersection
         (greedy drafts; no distribution), or a sample of ``q`` with ``q`` itself (``(1, C)``)."""
         if self.greedy_draft:
-            return (logits.float() + self.mask).argmax(dim=-1, keepdim=True), None
+            return self.restrict(None, logits).argmax(dim=-1, keepdim=True), None
         q = self.drafter_distribution(logits)
         return torch.multinomial(q, 1, generator=self.generator), q
 

@@ -443,7 +443,7 @@ def test_rejects_tli_whose_q_is_taken_before_the_drafter_warpers(real_pair, monk
 
     def q_before_warpers(self, logits):
         q = self.drafter_distribution(logits)  # [1, columns], warped: what the draft is drawn from
-        unwarped = (logits.float() + self.mask).softmax(dim=-1)  # BROKEN: reported as the draft's q
+        unwarped = self.restrict(None, logits).softmax(dim=-1)  # BROKEN: reported as the draft's q
         return torch.multinomial(q, 1, generator=self.generator), unwarped
 
     monkeypatch.setattr(TLIProposer, "select", q_before_warpers)

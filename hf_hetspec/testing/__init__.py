@@ -324,6 +324,9 @@ class HetSpecSampler(_Sampler):
 
         was_enabled = is_enabled(self.target)
         enable(self.target)
+        # transformers' loop samples with torch's global RNG (seeded by sample_outcomes) and refuses a generator
+        randomness = {} if self.generation_kwargs.get("hetspec_loop") == "transformers" else {
+            "hetspec_generator": generator}
         try:
             out = self.target.generate(
                 self.input_ids,
@@ -331,8 +334,8 @@ class HetSpecSampler(_Sampler):
                 tokenizer=self.target_tokenizer,
                 assistant_tokenizer=self.drafter_tokenizer,
                 hetspec_algorithm=self.algorithm,
-                hetspec_generator=generator,
                 do_sample=True,
+                **randomness,
                 **self.generation_kwargs,
             )
         finally:
@@ -403,6 +406,9 @@ def hetspec_sampler(
     assistant_tokenizer=drafter_tokenizer, hetspec_algorithm=algorithm, hetspec_generator=generator,
     do_sample=True, max_new_tokens=num_tokens, **generation_kwargs)`` (hf_hetspec is enabled on ``target`` for
     the call and disabled again if it was not enabled before) and returns the first ``num_tokens`` new ids.
+    With ``hetspec_loop="transformers"`` in ``generation_kwargs`` the call runs in transformers' loop, which
+    samples with torch's global RNG: no ``hetspec_generator`` is passed then (:func:`sample_outcomes` seeds
+    the global RNG).
 
     Args:
         target, drafter: the models; target_tokenizer, drafter_tokenizer: their tokenizers.

@@ -10,8 +10,10 @@ Tasks (:data:`~hf_hetspec.tools.tasks.TASKS`), as in Timor et al. (2025, Sec. 4)
 which task comes from where.
 
 Methods, interleaved per prompt (and per seed), all with the same target: the target alone, transformers'
-universal assisted generation with the same drafter, hf_hetspec with each of ``--algorithms``, and
-transformers' standard assisted generation with ``--homogeneous-drafter`` (same vocabulary as the target).
+universal assisted generation with the same drafter, hf_hetspec with each of ``--algorithms`` (in each loop of
+``--loops``: its own, and with ``transformers`` the same algorithms inside transformers' ``_assisted_decoding``,
+rows ``hf_hetspec ALG (transformers loop)``), and transformers' standard assisted generation with
+``--homogeneous-drafter`` (same vocabulary as the target).
 Temperature 0 is greedy decoding, run once per prompt (deterministic); a temperature > 0 samples with
 transformers' other defaults (top-k 50) once per seed. ``--lookahead-sweep K ...`` adds hf_hetspec runs of
 the first algorithm with each fixed lookahead K; the adaptive schedule's row is the main run.
@@ -53,12 +55,14 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
     {"machine": runner.machine_info(device),
      "config": {"target", "drafter", "homogeneous_drafter", "dtype", "device", "max_new_tokens",
                 "tasks": [...], "prompts_per_task": {task: prompts}, "temperatures": [...], "seeds": [...],
-                "algorithms": [...], "lookahead": int | null, "lookahead_sweep": [...], "chat_template": bool,
+                "algorithms": [...], "loops": [...], "lookahead": int | null, "lookahead_sweep": [...],
+                "chat_template": bool,
                 "transformers_method": bool, "data_sources": {task: str}, "step_seconds": {role: seconds},
                 "cost_ratio_method": str, "drafter_runtime": {"runtime", "prepare_s", "memory_mb"},
                 "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
                 "hf_hetspec_version"},
-     "results": [{"task", "temperature", "method" ("target"|"transformers"|"hf_hetspec"|"homogeneous"),
+     "results": [{"task", "temperature", "method" ("target"|"transformers"|"hf_hetspec"|"homogeneous"
+                  |"hf_hetspec_transformers_loop"),
                   "label", "algorithm" (hf_hetspec's, else null), "runs", "new_tokens", "seconds",
                   "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate",
                   "alpha", "tokens_per_forward", "drafter_s", "target_s", "translation_s", "peak_memory_mb",
@@ -85,7 +89,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import __version__
-from ..plan import ALGORITHMS
+from ..plan import ALGORITHMS, LOOPS
 from ..runtime import RUNTIMES, prepare_drafter
 from ..stats import acceptance_rate, alpha
 from . import pairing, progress, zoo
@@ -94,7 +98,7 @@ from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_T
                      check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
                      set_threads)
 from .reports import WITHIN, markdown_report, write_outputs
-from .runner import Runner, machine_info, method_label, step_seconds
+from .runner import HETSPEC_METHODS, TRANSFORMERS_LOOP, Runner, machine_info, method_label, step_seconds
 from .tasks import (DEFAULT_SPEC_BENCH, HUB_DATASETS, SPEC_BENCH_URL, TASKS, BenchPrompt, chat_ids, hub_status,
                     load_prompts)
 
@@ -130,12 +134,16 @@ class MethodSpec:
         return f"{label} k={self.lookahead}" if self.sweep else label
 
 
-def method_specs(algorithms: list[str], transformers: bool, homogeneous: bool) -> list[MethodSpec]:
-    """The main methods, target alone first."""
+def method_specs(algorithms: list[str], transformers: bool, homogeneous: bool,
+                 loops: tuple[str, ...] = ("hetspec",)) -> list[MethodSpec]:
+    """The main methods, target alone first; hf_hetspec's algorithms once per loop of ``loops``
+    (``"hetspec"``: its own, ``"transformers"``: transformers' ``_assisted_decoding``)."""
     specs = [MethodSpec("target")]
     if transformers:
         specs.append(MethodSpec("transformers"))
-    specs += [MethodSpec("hf_hetspec", algorithm) for algorithm in algorithms]
+    for loop in loops:
+        method = "hf_hetspec" if loop == "hetspec" else TRANSFORMERS_LOOP
+        specs += [MethodSpec(method, algorithm) for algorithm in algorithms]
     if homogeneous:
         specs.append(MethodSpec("homogeneous"))
     return specs
@@ -143,11 +151,11 @@ def method_specs(algorithms: list[str], transformers: bool, homogeneous: bool) -
 
 def run_spec(runner, spec: MethodSpec, ids, max_new_tokens: int | None = None):
     """Run ``spec`` with ``runner`` (a :class:`hf_hetspec.tools.runner.Runner`) on ``ids`` (shape ``(1, n)``)."""
-    if spec.method == "hf_hetspec":
+    if spec.method in HETSPEC_METHODS:
         changes = {"algorithm": spec.algorithm}
         if spec.sweep:
             changes["lookahead"] = spec.lookahead
-        return replace(runner, **changes).hetspec(ids, max_new_tokens)
+        return replace(runner, **changes).run(spec.method, ids, max_new_tokens)
     return runner.run(spec.method, ids, max_new_tokens)
 
 
@@ -264,7 +272,7 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
         totals = aggregate(group)
         speedup = _ratio(totals["tokens_per_second"], base[(task, temperature)])
         drafter = {"target": None, "homogeneous": "homogeneous_drafter"}.get(method, "drafter")
-        if method == "hf_hetspec" and "hetspec_drafter" in step_seconds:
+        if method in HETSPEC_METHODS and "hetspec_drafter" in step_seconds:
             drafter = "hetspec_drafter"
         cost = _ratio(step_seconds[drafter], step_seconds["target"]) if drafter else None
         measured_alpha, gamma = totals["alpha"], totals["mean_lookahead"]
@@ -433,7 +441,8 @@ def cmd_bench(args) -> int:
         )
         for t, s in decoding_runs(temperatures, seeds)
     }
-    specs = method_specs(settings["algorithms"], not args.no_transformers, homogeneous is not None)
+    specs = method_specs(settings["algorithms"], not args.no_transformers, homogeneous is not None,
+                         tuple(dict.fromkeys(args.loops)))
     sweep = [MethodSpec("hf_hetspec", settings["algorithms"][0], k, sweep=True) for k in settings["sweep"]]
 
     with progress.status(err, "Warming up every method; timing one decoding step of each model ..."):
@@ -472,6 +481,7 @@ def cmd_bench(args) -> int:
             "max_new_tokens": settings["max_new_tokens"], "tasks": settings["tasks"],
             "prompts_per_task": {t: sum(p.task == t for p in prompts) for t in settings["tasks"]},
             "temperatures": temperatures, "seeds": seeds, "algorithms": settings["algorithms"],
+            "loops": list(dict.fromkeys(args.loops)),
             "lookahead": args.lookahead, "lookahead_sweep": settings["sweep"], "chat_template": chat,
             "transformers_method": not args.no_transformers, "data_sources": sources, "step_seconds": steps,
             "cost_ratio_method": COST_RATIO_METHOD,
@@ -516,6 +526,10 @@ def add_command(sub) -> None:
     bench.add_argument("--drafter-runtime", choices=RUNTIMES, default="auto",
                        help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): "
                        f"{', '.join(RUNTIMES)} (default auto)")
+    bench.add_argument("--loops", nargs="+", choices=LOOPS, default=["hetspec"], metavar="LOOP",
+                       help="whose loop runs hf_hetspec's algorithms: hetspec (its own, default) and/or "
+                       "transformers (transformers' _assisted_decoding, generate(hetspec_loop='transformers'), "
+                       "rows 'hf_hetspec ALG (transformers loop)')")
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip transformers' universal assisted generation")
     bench.add_argument("--tasks", nargs="+", choices=TASKS, default=None, metavar="TASK",

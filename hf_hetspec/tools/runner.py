@@ -53,8 +53,12 @@ from ..stats import DecodingStats, acceptance_rate, alpha
 from .checker import GreedyComparison, compare_greedy
 
 METHODS = ("target", "transformers", "hf_hetspec")
-#: :data:`METHODS` plus transformers' same-vocabulary assisted generation.
-ALL_METHODS = (*METHODS, "homogeneous")
+#: hf_hetspec's algorithms run inside transformers' own ``_assisted_decoding`` (``hetspec_loop="transformers"``).
+TRANSFORMERS_LOOP = "hf_hetspec_transformers_loop"
+#: :data:`METHODS` plus transformers' same-vocabulary assisted generation and hf_hetspec in transformers' loop.
+ALL_METHODS = (*METHODS, "homogeneous", TRANSFORMERS_LOOP)
+#: The methods that run hf_hetspec's candidate generation (its statistics, its drafter runtime).
+HETSPEC_METHODS = ("hf_hetspec", TRANSFORMERS_LOOP)
 
 
 class MethodError(RuntimeError):
@@ -439,12 +443,14 @@ class Runner:
             raise ValueError("homogeneous speculative decoding needs Runner(homogeneous_drafter=...)")
         return self._transformers_assisted("homogeneous", ids, max_new_tokens, self.homogeneous_drafter, {})
 
-    def hetspec(self, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
+    def hetspec(self, ids: torch.Tensor, max_new_tokens: int | None = None, loop: str = "hetspec") -> MethodRun:
+        """hf_hetspec with :attr:`algorithm`, in its own loop or (``loop="transformers"``) in transformers'
+        ``_assisted_decoding``, which samples with torch's global RNG (seeded by :meth:`_timed`)."""
         ids = ids.to(self.device)
         mask = torch.ones_like(ids)
-        generator = None
-        if self.do_sample:
-            generator = torch.Generator(self.device).manual_seed(self.seed)
+        randomness = {}
+        if self.do_sample and loop == "hetspec":
+            randomness["hetspec_generator"] = torch.Generator(self.device).manual_seed(self.seed)
         integration.enable(self.target)
         try:
             out, timing = self._timed(
@@ -455,10 +461,11 @@ class Runner:
                     tokenizer=self.target_tokenizer,
                     assistant_tokenizer=self.drafter_tokenizer,
                     hetspec_algorithm=self.algorithm,
-                    hetspec_generator=generator,
                     hetspec_drafter=self.drafter_runtime,
                     hetspec_verification=self.verification,
+                    hetspec_loop=loop,
                     streamer=streamer,
+                    **randomness,
                     **self._assisted(max_new_tokens),
                 ),
             )
@@ -471,7 +478,7 @@ class Runner:
         timing["drafter_forwards"] = stats.drafter_forwards
         n = ids.shape[1]
         return MethodRun(
-            "hf_hetspec", out, n, out.shape[1] - n, target_forwards=stats.target_forwards,
+            HETSPEC_METHODS[loop == "transformers"], out, n, out.shape[1] - n, target_forwards=stats.target_forwards,
             drafted_tokens=stats.drafted_tokens, accepted_tokens=stats.accepted_tokens,
             rejections=stats.rejections, stats=stats, **timing,
         )
@@ -479,7 +486,8 @@ class Runner:
     def run(self, method: str, ids: torch.Tensor, max_new_tokens: int | None = None) -> MethodRun:
         """Run ``method`` (one of :data:`ALL_METHODS`) on ``ids`` (shape ``(1, n)``)."""
         runners = {"target": self.target_alone, "transformers": self.transformers_assisted,
-                   "hf_hetspec": self.hetspec, "homogeneous": self.homogeneous}
+                   "hf_hetspec": self.hetspec, "homogeneous": self.homogeneous,
+                   TRANSFORMERS_LOOP: lambda ids, n: self.hetspec(ids, n, loop="transformers")}
         return runners[method](ids, max_new_tokens)
 
     def compare(self, reference: MethodRun, run: MethodRun) -> None:
@@ -495,6 +503,7 @@ METHOD_LABELS = {
     "transformers": "transformers UAG",
     "homogeneous": "homogeneous SD",
     "hf_hetspec": "hf_hetspec",
+    TRANSFORMERS_LOOP: "hf_hetspec (transformers loop)",
 }
 
 
@@ -502,6 +511,8 @@ def method_label(method: str, algorithm: str | None = None) -> str:
     """Display name of a method; ``algorithm`` names hf_hetspec's (as given: ``slem`` or ``SLEM``)."""
     if method == "hf_hetspec" and algorithm:
         return f"hf_hetspec {algorithm}"
+    if method == TRANSFORMERS_LOOP and algorithm:
+        return f"hf_hetspec {algorithm} (transformers loop)"
     return METHOD_LABELS.get(method, str(method))
 
 

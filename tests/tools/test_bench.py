@@ -206,6 +206,31 @@ def test_hetspec_rows_take_c_from_the_drafter_runtime_they_ran(full_run):
     assert "drafter ran int8" in reports.markdown_report(dict(result, config=config))
 
 
+def test_transformers_loop_rows_are_interleaved_and_exact(models, spec_bench_file, tmp_path):
+    """``--loops hetspec transformers``: each algorithm also runs inside transformers' ``_assisted_decoding``,
+    as its own row, right after the same prompt's other methods; greedy outputs are the target alone's."""
+    argv = bench_argv(models, spec_bench_file, "--source", "local", "--tasks", "summarization", "--prompts", "1",
+                      "--temperatures", "0", "1", "--seeds", "0", "--algorithms", "slem", "tli",
+                      "--loops", "hetspec", "transformers", "--no-transformers", "--out", str(tmp_path))
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(argv) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["config"]["loops"] == ["hetspec", "transformers"]
+    order = ["target alone", "hf_hetspec slem", "hf_hetspec tli", "hf_hetspec slem (transformers loop)",
+             "hf_hetspec tli (transformers loop)"]
+    assert [r["label"] for r in result["records"]] == order * 2  # greedy, then seed 0: interleaved per call
+    rows = [r for r in result["results"] if r["method"] == "hf_hetspec_transformers_loop"]
+    assert sorted((r["label"], r["temperature"]) for r in rows) == sorted(
+        (label, t) for label in order[3:] for t in (0.0, 1.0))
+    for row in rows:
+        assert row["tokens_per_forward"] >= 1 and row["cost_ratio"] is not None
+        if row["temperature"] == 0:
+            assert (row["identical"], row["different"]) == (1, 0), row["label"]
+    greedy = {r["text"] for r in result["records"] if r["temperature"] == 0}
+    assert len(greedy) == 1  # every method wrote the target alone's greedy text
+    assert "hf_hetspec tli (transformers loop)" in (tmp_path / "bench.md").read_text()
+
+
 def test_write_card_receives_the_json_and_the_plots(models, spec_bench_file, tmp_path, monkeypatch):
     from hf_hetspec.tools import pairing
 
