@@ -188,9 +188,8 @@ class _HetSpecDecoding:
         **model_kwargs,
     ):
         began = time.perf_counter()
-        with self.stats.timer("translation_s"):  # converts the drafter's prompt
-            proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats,
-                                      self.generator)
+        # the proposer times its own conversion of the prompt (translation_s): not timed again here
+        proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats, self.generator)
         if self.streamer is not None:
             self.streamer.put(input_ids.cpu())
         out = speculative_generate(

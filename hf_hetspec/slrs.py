@@ -42,29 +42,32 @@ from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
-from .intersection import push_forward
+from .intersection import push_forward, remembered
 from .proposer import Draft, TokenLevelProposer
 
 
-_EXACT_CACHE: dict[tuple[str, str], dict[int, list[int]]] = {}
+_EXACT_CACHE: "OrderedDict[tuple[str, str], dict[int, list[int]]]" = OrderedDict()
 
 
 def _exact_drafter_ids(target_vocab, drafter_vocab, prefix_map: list[int]) -> dict[int, list[int]]:
     """``{target id: drafter ids}`` of the drafter tokens whose prefix-map image spells exactly their bytes,
     ascending; several when the drafter spells the same bytes twice (Gemma-3's byte-fallback ``<0x2C>`` and
     its ``,``). Built once per vocabulary pair (a Python pass over the drafter vocabulary, 0.05-0.2 s for the
-    real vocabularies)."""
-    key = (target_vocab.digest, drafter_vocab.digest)
-    if key not in _EXACT_CACHE:
+    real vocabularies) and kept for the last few pairs (:func:`~hf_hetspec.intersection.remembered`)."""
+
+    def build() -> dict[int, list[int]]:
         exact: dict[int, list[int]] = {}
         tb_target, tb_drafter = target_vocab.token_bytes, drafter_vocab.token_bytes
         for d_id, t_id in enumerate(prefix_map):
             if t_id >= 0 and tb_drafter[d_id] == tb_target[t_id]:
                 exact.setdefault(t_id, []).append(d_id)
-        _EXACT_CACHE[key] = exact
-    return _EXACT_CACHE[key]
+        return exact
+
+    return remembered(_EXACT_CACHE, (target_vocab.digest, drafter_vocab.digest), build)
 
 
 class SLRSProposer(TokenLevelProposer):

@@ -56,3 +56,16 @@ def test_greedy_slrs_feeds_the_drafter_the_spelling_it_prefers(toy_pair, monkeyp
     assert draft.target_ids == [t]
     assert proposer.context.ids[-1] == fed
 
+
+def test_the_exact_spellings_are_kept_for_the_last_pairs_only(monkeypatch):
+    """Issue #25: ``_exact_drafter_ids`` kept every vocabulary pair a process met."""
+    from types import SimpleNamespace
+
+    from hf_hetspec import intersection, slrs
+
+    monkeypatch.setattr(slrs, "_EXACT_CACHE", type(slrs._EXACT_CACHE)())
+    target = SimpleNamespace(digest="t", token_bytes=[b"a", b"b"])
+    for i in range(intersection.MEMORY_PAIRS + 3):
+        drafter = SimpleNamespace(digest=f"d{i}", token_bytes=[b"a", b"ab", b"b"])
+        assert slrs._exact_drafter_ids(target, drafter, [0, 0, 1]) == {0: [0], 1: [2]}
+    assert len(slrs._EXACT_CACHE) == intersection.MEMORY_PAIRS

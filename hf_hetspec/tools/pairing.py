@@ -54,6 +54,8 @@ CARD_FILE = "README.md"
 TAGS = ["speculative-decoding", "assisted-generation", "heterogeneous-vocabularies", "hf_hetspec"]
 _METHOD_ORDER = {name: i for i, name in enumerate(METHOD_LABELS)}
 HUB_PROBE_SECONDS = 3.0
+#: The largest card file :func:`read_card` reads (bytes); a written card is a few KB.
+MAX_CARD_BYTES = 1 << 20
 #: Captions of the plots ``hf-hetspec bench`` writes (keys of its ``plots`` dict); other keys are their own caption.
 PLOT_CAPTIONS = {
     "speedup": "Speedup over the target alone per task and method",
@@ -555,6 +557,7 @@ def _read(path_or_repo_id: str | os.PathLike) -> tuple[ModelCard, dict, Path | N
     path, local = _card_file(path_or_repo_id)
     import yaml
 
+    _check_header(path)
     try:
         card = ModelCard.load(path)
     except (ValueError, yaml.YAMLError) as err:  # YAML that does not parse, or not a mapping
@@ -564,6 +567,37 @@ def _read(path_or_repo_id: str | os.PathLike) -> tuple[ModelCard, dict, Path | N
         raise PairingError(f"{path}: the card has no {CARD_KEY!r} metadata; it is not an hf_hetspec pairing card")
     check_metadata(metadata, f"{path}: {CARD_KEY}")
     return card, metadata, path.parent if local else None
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a card that could make its reader hang before ``huggingface_hub`` parses it: a file over
+    :data:`MAX_CARD_BYTES`, or a YAML header with aliases. A header of 1 KB nesting aliases ten times per level
+    ("billion laughs") stands for 10^9 items once expanded (``card.data.to_dict()`` copies every one); a
+    pairing card never needs an alias. The header is scanned as YAML events, which never expands anything.
+
+    Raises:
+        PairingError: the file is too large, is not UTF-8 text, or its header holds an alias or an anchor.
+    """
+    import yaml
+
+    size = path.stat().st_size
+    if size > MAX_CARD_BYTES:
+        raise PairingError(f"{path}: {size} bytes; a pairing card has at most {MAX_CARD_BYTES} (refused unread)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PairingError(f"{path}: not a readable model card (not UTF-8 text: {err})") from err
+    lines = text.lstrip("\ufeff").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return  # no header: ModelCard.load reads no metadata, and _read says so
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), len(lines))
+    try:
+        for event in yaml.parse("\n".join(lines[1:end]), Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise PairingError(f"{path}: the card's YAML header uses anchors or aliases (&name / *name), "
+                                   "which a pairing card never needs; write the values out")
+    except yaml.YAMLError as err:
+        raise PairingError(f"{path}: not a readable model card ({type(err).__name__}: {err})") from err
 
 
 def load(path_or_repo_id: str | os.PathLike, *, load_models: bool = True, dtype=None, device=None) -> Pairing:
