@@ -22,6 +22,7 @@ from .chat import chat_inputs
 from .integration import disable, enable, is_enabled, last_stats
 from .intersection import VocabularyIntersection, vocabulary_intersection
 from .plan import ALGORITHMS, IMPLEMENTED, VERIFICATIONS, DecodingPlan
+from .schedule import DraftStop, Schedule
 from .stats import DecodingStats
 
 __version__ = "0.1.0"
@@ -32,6 +33,8 @@ __all__ = [
     "VERIFICATIONS",
     "DecodingPlan",
     "DecodingStats",
+    "DraftStop",
+    "Schedule",
     "VocabularyIntersection",
     "chat_inputs",
     "disable",

@@ -78,6 +78,12 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       :func:`hf_hetspec.verify.verify_block`; accepts at least as many tokens in expectation). Both keep the
       target's distribution exactly. ``"block"`` is refused before any work (``ValueError``) for SLEM and for
       greedy calls, which verify by exact match and where it would change nothing (docs/verification.md).
+    * ``hetspec_schedule`` (:class:`hf_hetspec.Schedule`): the draft schedule of this call -- first lookahead,
+      +2/-1 adaptation and its floor, confidence stop (:class:`hf_hetspec.DraftStop`) -- instead of the default
+      for the algorithm and drafter runtime (:mod:`hf_hetspec.schedule`). Refused before any work with
+      ``num_assistant_tokens``, ``num_assistant_tokens_schedule`` or ``assistant_confidence_threshold`` (one of
+      the two would be dropped), and when a lookahead is below 1 or a cut-off outside ``[0, 1)``. Changes speed
+      only.
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by

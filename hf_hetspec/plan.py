@@ -9,7 +9,8 @@ The plan is made by small named steps, each the one source of its rule:
    and the pairing cards recommend through the same function); then :func:`check_draft_temperature` and
    :func:`check_verification`, the keywords that make sense only for some algorithms, and
    :func:`choose_draft_temperature`, how TLI and SLRS draft;
-4. :func:`choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence stop);
+4. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
+   stop), or the call's own ``hetspec_schedule`` (:func:`hf_hetspec.schedule.check_schedule`);
 
 :func:`make_plan` runs them in that order on the generation config merged once from the call
 (``target._prepare_generation_config``); :func:`build_proposer` turns a plan into the algorithm's proposer
@@ -27,11 +28,22 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .alignment import Vocabulary, vocabulary
-from .drafter import DraftStop, model_device
+from .drafter import model_device
 from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import HeterogeneousProposer
 from .runtime import resolve_runtime
+from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
+    DEFAULT_LOOKAHEAD,
+    MAX_LOOKAHEAD,
+    SLEM_DEFAULTS,
+    TOKEN_LEVEL_FLOORS,
+    DraftStop,
+    Schedule,
+    SlemDefault,
+    check_schedule,
+    choose_schedule,
+)
 from .slem import SLEMProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
@@ -43,47 +55,6 @@ IMPLEMENTED = ("slem", "tli", "slrs")
 #: ``hetspec_verification``: how TLI and SLRS verify a sampled draft against its ``q`` / ``psi`` -- token by
 #: token (``verify.verify_speculative_sampling``, the default) or as a block (``verify.verify_block``).
 VERIFICATIONS = ("token", "block")
-#: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
-DEFAULT_LOOKAHEAD = 5
-
-@dataclass(frozen=True)
-class SlemDefault:
-    """SLEM's default draft schedule: drafts of up to ``max_lookahead`` drafter tokens, each ended once the
-    drafter's probability that all of it is accepted falls below ``min_joint``
-    (:class:`~hf_hetspec.drafter.DraftStop`)."""
-
-    min_joint: float
-    max_lookahead: int
-
-
-#: SLEM's default schedule per drafter runtime (:mod:`hf_hetspec.runtime`). Drafting one more token pays while
-#: its chance of acceptance exceeds what it costs, about the drafter's step c plus what it adds to the
-#: verification (0.03 target forwards), so a cheaper drafter step pays for longer drafts (Leviathan et al.
-#: 2023, Section 3.4). The drafter's confidence overstates how often the target agrees, so the thresholds that
-#: win sit above c + 0.03. Tuned with benchmarks/tune_schedule.py on HumanEval/20-29 (disjoint from the bench's
-#: HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B bf16 target, CPU (benchmarks/README.md):
-#:
-#: * eager drafters (c = 0.165): 0.35/12 ran 2.29x and 2.18x the target alone on the two halves; 0.2/32 2.02x,
-#:   0.5/32 2.18x, 0.5/12 2.22x;
-#: * int8 runtimes (c = 0.06-0.08): 0.2/16 ran 2.75x on HumanEval/20-24 against 2.36x for 0.35/12, 2.71x for
-#:   0.25/16 and 2.46x for 0.15/20.
-#:
-#: The compiled runtime (CUDA graphs on a GPU) gets the low-cost schedule by analogy: it exists to make the
-#: drafter's step cheap, and no GPU was available to tune it.
-SLEM_DEFAULTS: dict[str, SlemDefault] = {
-    "eager": SlemDefault(0.35, 12),
-    "float32": SlemDefault(0.35, 12),
-    "int8": SlemDefault(0.2, 16),
-    "int8-static": SlemDefault(0.2, 16),
-    "compiled": SlemDefault(0.2, 16),
-}
-#: TLI's and SLRS's default floor of the +2/-1 lookahead schedule per drafter runtime. Leviathan et al.'s
-#: expected speedup ``(1 - a^(k+1)) / ((1 - a)(1 + k (c + 0.03)))`` at the acceptance rate a = 0.6 of sampled
-#: code is best at k = 2 for an eager drafter (c = 0.2) and flat over k = 3-5 at c = 0.05, where k = 1 loses
-#: 13%; transformers' rule drops to 1 after a few rejections. Tuned with benchmarks/tune_schedule.py on
-#: HumanEval/20-26, T=1, int8-static SmolLM2 drafter (benchmarks/README.md): TLI ran 1.61x the target alone with
-#: the rule from 1, 1.83x / 1.80x / 1.78x with fixed lookaheads 3 / 4 / 5.
-TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8-static": 3, "compiled": 3}
 #: How TLI and SLRS draft in a sampled call of a heterogeneous pair without ``hetspec_draft_temperature``
 #: (:func:`choose_draft_temperature`): ``0``, the drafter's argmax (over the intersection for TLI, of ``psi`` for
 #: SLRS), verified by speculative sampling against the one-hot ``q`` it came from, so a draft token ``x`` is
@@ -103,31 +74,14 @@ _DYNAMIC_CACHES = (None, "dynamic")
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """How long each draft is.
-
-    Attributes:
-        lookahead: drafter tokens per draft (the first draft's when ``adaptive``), >= 1.
-        adaptive: transformers' heuristic: +2 after a fully accepted draft, -1 otherwise, in
-            ``[min_lookahead, MAX_LOOKAHEAD]``.
-        min_lookahead: the adaptive schedule's floor (transformers': 1).
-        stop: ends a draft early from the drafter's confidence (:class:`~hf_hetspec.drafter.DraftStop`).
-    """
-
-    lookahead: int
-    adaptive: bool
-    stop: DraftStop = field(default_factory=DraftStop)
-    min_lookahead: int = 1
-
-
-@dataclass(frozen=True)
 class DecodingPlan:
     """Everything a hf_hetspec call decided before its first forward pass.
 
     Attributes:
         algorithm: ``"slem"``, ``"tli"`` or ``"slrs"`` (``"auto"`` resolved).
         reason: why that algorithm (:func:`choose_algorithm`).
-        schedule: the draft-length schedule (:func:`choose_schedule`).
+        schedule: the draft-length schedule (:func:`~hf_hetspec.schedule.choose_schedule`, or the call's
+            ``hetspec_schedule``).
         generation_config: the call's ``GenerationConfig``, merged once from the model's defaults, a passed
             config and the keyword arguments; ``stop_strings`` cleared (the plan carries them).
         model_kwargs: the call's model inputs (``input_ids``, ``attention_mask``, ...), passed on unchanged.
@@ -175,6 +129,8 @@ class HetspecArguments:
         drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`), default
             ``"auto"``.
         verification: ``hetspec_verification``, ``"token"`` (default) or ``"block"`` (:func:`check_verification`).
+        schedule: ``hetspec_schedule``, a :class:`~hf_hetspec.schedule.Schedule` used instead of the default
+            (:func:`~hf_hetspec.schedule.check_schedule`), or ``None``.
     """
 
     algorithm: str = "auto"
@@ -183,19 +139,20 @@ class HetspecArguments:
     drafter_prompt: torch.Tensor | None = None
     drafter_runtime: str = "auto"
     verification: str = "token"
+    schedule: Schedule | None = None
 
     KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
-                "hetspec_drafter", "hetspec_verification")
+                "hetspec_drafter", "hetspec_verification", "hetspec_schedule")
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
         """Remove hf_hetspec's keywords from ``kwargs``; returns them and whether any was given."""
         values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
         given = any(value is not None for value in values)
-        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification = values
+        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification, schedule = values
         return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt,
                    "auto" if drafter_runtime is None else drafter_runtime,
-                   "token" if verification is None else verification), given
+                   "token" if verification is None else verification, schedule), given
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -468,46 +425,6 @@ def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafte
 
 
 # --------------------------------------------------------------------------------------------------------
-# 4. the schedule
-# --------------------------------------------------------------------------------------------------------
-
-
-def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assistant_tokens: int | None = None,
-                    num_assistant_tokens_schedule: str | None = None,
-                    assistant_confidence_threshold: float | None = None) -> Schedule:
-    """The draft-length schedule from the user's explicit settings, else the algorithm's default.
-
-    ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
-    ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
-    per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` in
-    effect (resolved, not ``"auto"``); TLI and SLRS follow transformers' +2/-1 rule from
-    ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence stop measured
-    slower for token-level drafts (SmolLM2, T=1: 1.06x vs
-    1.26x; Gemma-3 greedy TLI 0.87x): a drafter token the target would tokenize differently is rejected
-    however sure the drafter is.
-
-    Raises:
-        ValueError: ``assistant_confidence_threshold`` outside ``[0, 1)``.
-    """
-    threshold = assistant_confidence_threshold
-    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
-        raise ValueError(
-            f"assistant_confidence_threshold={threshold!r}: the drafter-confidence cut-off must be in [0, 1) "
-            "(0 disables it)."
-        )
-    min_confidence = float(threshold or 0.0)
-    if num_assistant_tokens is not None or num_assistant_tokens_schedule is not None:
-        lookahead = num_assistant_tokens if num_assistant_tokens is not None else DEFAULT_LOOKAHEAD
-        adaptive = num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
-        return Schedule(lookahead, adaptive, DraftStop(min_confidence))
-    if algorithm == "slem":
-        default = SLEM_DEFAULTS[drafter_runtime]
-        min_joint = default.min_joint if threshold is None else 0.0
-        return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
-    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime])
-
-
-# --------------------------------------------------------------------------------------------------------
 # the plan
 # --------------------------------------------------------------------------------------------------------
 
@@ -559,13 +476,13 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
             return model_kwargs[name]
         return getattr(user_config, name, None) if isinstance(user_config, GenerationConfig) else None
 
-    schedule = choose_schedule(
-        algorithm,
-        drafter_runtime=resolve_runtime(drafter, args.drafter_runtime)[0],
-        num_assistant_tokens=explicit("num_assistant_tokens"),
-        num_assistant_tokens_schedule=explicit("num_assistant_tokens_schedule"),
-        assistant_confidence_threshold=explicit("assistant_confidence_threshold"),
-    )
+    schedule_settings = {name: explicit(name) for name in
+                         ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    if args.schedule is not None:
+        schedule = check_schedule(args.schedule, schedule_settings)
+    else:
+        schedule = choose_schedule(algorithm, drafter_runtime=resolve_runtime(drafter, args.drafter_runtime)[0],
+                                   **schedule_settings)
     stop_strings, config.stop_strings = config.stop_strings, None
     # transformers tells "20 new tokens by default" from "max_length=20" by whether the call set it: leave the
     # lengths nobody set unset, so its own merge of this config fills them exactly as for plain decoding

@@ -15,11 +15,9 @@ import torch
 from transformers import LogitsProcessorList
 
 from .alignment import Vocabulary, complete_utf8_prefix, convert_prompt, sanitize_utf8
-from .drafter import DrafterContext, DrafterContextFull, DraftStop
+from .drafter import DrafterContext, DrafterContextFull
+from .schedule import MAX_LOOKAHEAD, AdaptiveLookahead, DraftStop, Schedule  # noqa: F401 -- old path of MAX_LOOKAHEAD
 from .stats import DecodingStats
-
-#: The longest draft any schedule grows to (drafter tokens).
-MAX_LOOKAHEAD = 16
 
 
 def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, target_prompt: list[int]) -> list[int]:
@@ -52,8 +50,7 @@ class HeterogeneousProposer:
         drafter_vocab: byte table of the drafter tokenizer (padded to the drafter's LM-head rows).
         input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
         schedule: lookahead (initial value when adaptive), adaptation and confidence stop
-            (:class:`~hf_hetspec.plan.Schedule`); adaptive: +2 after a fully accepted draft, -1 otherwise
-            (transformers' "heuristic" schedule), within ``[min_lookahead, max(MAX_LOOKAHEAD, lookahead)]``.
+            (:class:`~hf_hetspec.schedule.Schedule`; its adaptive state: :class:`~hf_hetspec.schedule.AdaptiveLookahead`).
         max_length: the target's ``generation_config.max_length``; drafts never cross it.
         stats: statistics of the call, updated in place.
         window: tokens of context re-encoded with new text on either side.
@@ -69,7 +66,7 @@ class HeterogeneousProposer:
         drafter_vocab: Vocabulary,
         input_ids: torch.LongTensor,
         *,
-        schedule,
+        schedule: Schedule,
         max_length: int,
         stats: DecodingStats,
         window: int = 4,
@@ -77,10 +74,7 @@ class HeterogeneousProposer:
     ):
         self.target_vocab = target_vocab
         self.drafter_vocab = drafter_vocab
-        self.lookahead = schedule.lookahead
-        self.adaptive = schedule.adaptive
-        self.min_lookahead = schedule.min_lookahead
-        self.max_lookahead = max(MAX_LOOKAHEAD, schedule.lookahead)
+        self.adaptive_lookahead = AdaptiveLookahead.start(schedule)
         self.stop: DraftStop | None = schedule.stop if schedule.stop.enabled else None
         self.max_length = max_length
         self.stats = stats
@@ -141,15 +135,19 @@ class HeterogeneousProposer:
         """Draft up to ``budget`` target tokens."""
         raise NotImplementedError
 
+    @property
+    def lookahead(self) -> int:
+        """Drafter tokens of the next draft (:class:`~hf_hetspec.schedule.AdaptiveLookahead`)."""
+        return self.adaptive_lookahead.value
+
+    @lookahead.setter
+    def lookahead(self, value: int) -> None:
+        self.adaptive_lookahead.value = value
+
     def update_schedule(self, num_accepted: int) -> None:
-        """Adapt the lookahead after a verification that accepted ``num_accepted`` draft tokens: +2 after a
-        fully accepted draft, -1 otherwise, not below the schedule's floor (when the schedule is adaptive)."""
-        if not self.adaptive or self._last_draft_len == 0:
-            return
-        if num_accepted >= self._last_draft_len:
-            self.lookahead = min(self.lookahead + 2, self.max_lookahead)
-        else:
-            self.lookahead = max(self.min_lookahead, self.lookahead - 1)
+        """Adapt the lookahead after a verification that accepted ``num_accepted`` draft tokens
+        (:meth:`hf_hetspec.schedule.AdaptiveLookahead.update`)."""
+        self.adaptive_lookahead.update(self._last_draft_len, num_accepted)
 
 
 class TokenLevelProposer(HeterogeneousProposer):

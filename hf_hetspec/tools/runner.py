@@ -315,6 +315,8 @@ class Runner:
         drafter_runtime: hf_hetspec's ``hetspec_drafter`` (:mod:`hf_hetspec.runtime`); transformers' methods
             always run the drafter as loaded.
         verification: hf_hetspec's ``hetspec_verification`` (``"block"``: TLI and SLRS sampling only).
+        schedule: hf_hetspec's ``hetspec_schedule`` (a :class:`hf_hetspec.Schedule`; ``None``: the default for
+            the algorithm and the drafter runtime).
     """
 
     target: object
@@ -333,6 +335,7 @@ class Runner:
     homogeneous_drafter: object = None
     drafter_runtime: str = "auto"
     verification: str = "token"
+    schedule: object = None
     device: torch.device = field(init=False)
 
     def __post_init__(self):
@@ -454,6 +457,7 @@ class Runner:
                     hetspec_generator=generator,
                     hetspec_drafter=self.drafter_runtime,
                     hetspec_verification=self.verification,
+                    hetspec_schedule=self.schedule,
                     streamer=streamer,
                     **self._assisted(max_new_tokens),
                 ),
