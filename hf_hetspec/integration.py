@@ -4,7 +4,8 @@
 ``disable(model)`` deletes it again). When ``generate()`` is called with ``assistant_model=``, the wrapper
 
 1. decides the call before any work (:func:`hf_hetspec.plan.make_plan`: clear errors that name the argument
-   and the fix, the algorithm, the draft schedule, the generation config merged once);
+   and the fix, the algorithm, the drafter in its runtime, the draft schedule, the generation config merged
+   once);
 2. calls transformers' own ``generate()`` with that config and ``custom_generate=`` set to our decoding loop
    (:func:`~hf_hetspec.decoding.speculative_generate`), so the logits processors, stopping criteria, streamer
    and KV cache are prepared by transformers exactly as for plain decoding; the loop builds the algorithm's
@@ -34,9 +35,7 @@ from transformers.generation.utils import GenerationMixin
 
 from .compat import cache_from_kwargs
 from .decoding import speculative_generate
-from .model_checks import check_drafter_weights
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
-from .runtime import prepare_drafter
 from .stats import DecodingStats
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
@@ -233,9 +232,7 @@ def _generate(self, *args, **kwargs):
         return original(**call, **extra)
 
     plan = make_plan(self, call, extra, hetspec)
-    check_drafter_weights(call["assistant_model"])
-    # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter and cached
-    prepared = prepare_drafter(call["assistant_model"], hetspec.drafter_runtime)
+    prepared = plan.drafter  # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter, cached
     stats = DecodingStats(algorithm=plan.algorithm, verification=plan.verification,
                           note="; ".join(filter(None, (plan.note, prepared.note))),
                           drafter_runtime=prepared.runtime, drafter_prepare_s=prepared.prepare_s,

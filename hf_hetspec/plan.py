@@ -9,13 +9,15 @@ The plan is made by small named steps, each the one source of its rule:
    and the pairing cards recommend through the same function); then :func:`check_draft_temperature` and
    :func:`check_verification`, the keywords that make sense only for some algorithms, and
    :func:`choose_draft_temperature`, how TLI and SLRS draft;
-4. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
-   stop), or the call's own ``hetspec_schedule`` (:func:`hf_hetspec.schedule.check_schedule`);
+4. :func:`hf_hetspec.model_checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
+   drafter in the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback);
+5. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
+   stop) of that runtime, or the call's own ``hetspec_schedule`` (:func:`hf_hetspec.schedule.check_schedule`);
 
 :func:`make_plan` runs them in that order on the generation config merged once from the call
 (``target._prepare_generation_config``); :func:`build_proposer` turns a plan into the algorithm's proposer
-for the prompt transformers hands to the decoding loop. Every check raises before a forward pass, with a
-message that names the argument and the fix.
+for the prompt transformers hands to the decoding loop. Every check raises before a forward pass and before the drafter's copy is
+made, with a message that names the argument and the fix.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from .drafter import model_device
 from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import HeterogeneousProposer
-from .runtime import resolve_runtime
+from .model_checks import check_drafter_weights
+from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
     DEFAULT_LOOKAHEAD,
     MAX_LOOKAHEAD,
@@ -80,8 +83,10 @@ class DecodingPlan:
     Attributes:
         algorithm: ``"slem"``, ``"tli"`` or ``"slrs"`` (``"auto"`` resolved).
         reason: why that algorithm (:func:`choose_algorithm`).
-        schedule: the draft-length schedule (:func:`~hf_hetspec.schedule.choose_schedule`, or the call's
-            ``hetspec_schedule``).
+        schedule: the draft-length schedule (:func:`~hf_hetspec.schedule.choose_schedule` for ``drafter``'s
+            runtime, or the call's ``hetspec_schedule``).
+        drafter: the drafter as it runs (:func:`~hf_hetspec.runtime.prepare_drafter`): its model (a cached
+            copy for most runtimes), the runtime in effect after any fallback, what preparing it cost.
         generation_config: the call's ``GenerationConfig``, merged once from the model's defaults, a passed
             config and the keyword arguments; ``stop_strings`` cleared (the plan carries them).
         model_kwargs: the call's model inputs (``input_ids``, ``attention_mask``, ...), passed on unchanged.
@@ -99,6 +104,7 @@ class DecodingPlan:
     algorithm: str
     reason: str
     schedule: Schedule
+    drafter: PreparedDrafter
     generation_config: GenerationConfig
     model_kwargs: dict
     stop_strings: object
@@ -207,7 +213,8 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
             f"hetspec_generator is on {generator.device.type} but the target's logits are on "
             f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
         )
-    resolve_runtime(drafter, args.drafter_runtime)  # hetspec_drafter: known, and possible for this drafter
+    # hetspec_drafter known and possible for this drafter (a check only: make_plan resolves it when it prepares)
+    resolve_runtime(drafter, args.drafter_runtime)
     _check_prompt(inputs, model_kwargs)
 
 
@@ -479,10 +486,11 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     schedule_settings = {name: explicit(name) for name in
                          ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
     if args.schedule is not None:
-        schedule = check_schedule(args.schedule, schedule_settings)
-    else:
-        schedule = choose_schedule(algorithm, drafter_runtime=resolve_runtime(drafter, args.drafter_runtime)[0],
-                                   **schedule_settings)
+        check_schedule(args.schedule, schedule_settings)
+    check_drafter_weights(drafter)
+    # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
+    prepared = prepare_drafter(drafter, args.drafter_runtime)
+    schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime, **schedule_settings)
     stop_strings, config.stop_strings = config.stop_strings, None
     # transformers tells "20 new tokens by default" from "max_length=20" by whether the call set it: leave the
     # lengths nobody set unset, so its own merge of this config fills them exactly as for plain decoding
@@ -493,6 +501,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         algorithm=algorithm,
         reason=reason,
         schedule=schedule,
+        drafter=prepared,
         generation_config=config,
         model_kwargs=rest,
         stop_strings=stop_strings,
