@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
-from .compat import cache_kwargs, quiet_quantization_warnings
+from .compat import cache_kwargs, model_device, quiet_quantization_warnings  # model_device: also its old path
 from .recurrent import SnapshotCache, is_state_layer
 from .schedule import DraftStop  # also the old import path of DraftStop
 from .static_drafter import StaticCacheDrafter
@@ -55,11 +55,6 @@ def rollback_cache(cache: DynamicCache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
-
-
-def model_device(model: PreTrainedModel) -> torch.device:
-    """Device of the input embeddings (the first shard of a model split with ``device_map``)."""
-    return model.get_input_embeddings().weight.device
 
 
 #: A pruned LM head is used only when it keeps at most this share of the drafter's rows (below it, the copy of

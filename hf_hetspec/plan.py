@@ -8,7 +8,7 @@ The plan is made by small named steps, each the one source of its rule:
 3. :func:`choose_algorithm` -- what ``hetspec_algorithm="auto"`` resolves to, and why (``hf-hetspec analyze``
    and the pairing cards recommend through the same function); then :func:`check_draft_temperature` and
    :func:`check_verification`, the keywords that make sense only for some algorithms, and
-   :func:`choose_draft_temperature`, how TLI and SLRS draft;
+   :func:`choose_draft_temperature` and :func:`choose_draft_policy`, how TLI and SLRS draft;
 4. :func:`hf_hetspec.model_checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
    drafter in the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback);
 5. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
@@ -23,7 +23,7 @@ made, with a message that names the argument and the fix.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
@@ -33,7 +33,7 @@ from .alignment import Vocabulary, vocabulary
 from .drafter import model_device
 from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
-from .proposer import HeterogeneousProposer
+from .proposer import DraftPolicy, HeterogeneousProposer
 from .model_checks import check_drafter_weights
 from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
@@ -97,6 +97,8 @@ class DecodingPlan:
         prefix_map (``torch.LongTensor`` of shape ``(V_drafter,)``): SLRS's longest-target-prefix map, else ``None``.
         draft_temperature: how a sampled TLI or SLRS call drafts (:func:`choose_draft_temperature`): ``0`` the
             drafter's argmax, ``t > 0`` a sample at temperature ``t``; ``None`` for SLEM and greedy calls.
+        draft_policy: TLI's and SLRS's draft policy, argmax or sample, its warpers, whether a ``q`` is handed
+            to verification (:func:`choose_draft_policy`); ``None`` for SLEM.
         drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
         verification: ``hetspec_verification``, one of ``VERIFICATIONS`` (:func:`check_verification`).
     """
@@ -114,6 +116,7 @@ class DecodingPlan:
     intersection: VocabularyIntersection | None = None
     prefix_map: torch.Tensor | None = None
     draft_temperature: float | None = None
+    draft_policy: DraftPolicy | None = None
     drafter_prompt: tuple[int, ...] | None = None
     verification: str = "token"
 
@@ -491,6 +494,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
     prepared = prepare_drafter(drafter, args.drafter_runtime)
     schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime, **schedule_settings)
+    draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     stop_strings, config.stop_strings = config.stop_strings, None
     # transformers tells "20 new tokens by default" from "max_length=20" by whether the call set it: leave the
     # lengths nobody set unset, so its own merge of this config fills them exactly as for plain decoding
@@ -510,8 +514,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         identical=identical,
         intersection=intersection if algorithm == "tli" else None,
         prefix_map=prefix_map_for(target_vocab, drafter_vocab) if algorithm == "slrs" else None,
-        draft_temperature=choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample),
-                                                   identical),
+        draft_temperature=draft_temperature,
+        draft_policy=choose_draft_policy(algorithm, config, draft_temperature),
         drafter_prompt=drafter_prompt,
         verification=args.verification,
     )
@@ -552,17 +556,26 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
     args = (plan.target_vocab, drafter, plan.drafter_vocab, input_ids)
     if plan.algorithm == "slem":
         return SLEMProposer(*args, **common)
-    sampling = bool(generation_config.do_sample)
     common.update(
-        sampling=sampling,
-        greedy_draft=plan.draft_temperature == 0,
-        drafter_processors=drafter_warpers(generation_config, plan.draft_temperature) if sampling else None,
+        policy=plan.draft_policy,
         generator=_drafter_generator(generator, model_device(drafter)),
         target_eos_ids=_eos_ids(generation_config),
     )
     if plan.algorithm == "slrs":
         return SLRSProposer(*args, prefix_map=plan.prefix_map, target_size=len(plan.target_vocab), **common)
     return TLIProposer(*args, intersection=plan.intersection, **common)
+
+
+def choose_draft_policy(algorithm: str, config: GenerationConfig, draft_temperature: float | None) -> DraftPolicy | None:
+    """How TLI and SLRS draft in this call (:class:`~hf_hetspec.proposer.DraftPolicy`): a greedy call drafts the
+    argmax and verifies by exact match; a sampled one hands verification a ``q``, and draws each token from it
+    unless ``draft_temperature`` (:func:`choose_draft_temperature`) is ``0`` (the argmax, one-hot ``q``).
+    ``None`` for SLEM."""
+    if algorithm == "slem":
+        return None
+    if not config.do_sample:
+        return DraftPolicy()
+    return DraftPolicy(sample=draft_temperature != 0, warpers=drafter_warpers(config, draft_temperature), needs_q=True)
 
 
 def drafter_warpers(config: GenerationConfig, draft_temperature: float | None = None) -> LogitsProcessorList:

@@ -9,6 +9,7 @@ import torch
 from hf_hetspec.alignment import vocabulary
 from hf_hetspec.intersection import prefix_map_for
 from hf_hetspec.plan import Schedule
+from hf_hetspec.proposer import DraftPolicy
 from hf_hetspec.slrs import SLRSProposer
 from hf_hetspec.stats import DecodingStats
 
@@ -21,7 +22,7 @@ def _greedy_slrs(pair) -> SLRSProposer:
     target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
     return SLRSProposer(target_vocab, pair.drafter, drafter_vocab, _prompt_ids(pair),
                         prefix_map=prefix_map_for(target_vocab, drafter_vocab), target_size=len(target_vocab),
-                        sampling=False, schedule=Schedule(1, False), max_length=64, stats=DecodingStats())
+                        policy=DraftPolicy(), schedule=Schedule(1, False), max_length=64, stats=DecodingStats())
 
 
 def _duplicate_spelling(proposer: SLRSProposer) -> tuple[int, int, int]:

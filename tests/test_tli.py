@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
-from transformers import LogitsProcessorList
 
 from hf_hetspec.alignment import vocabulary
 from hf_hetspec.intersection import intersection_for
 from hf_hetspec.plan import Schedule
+from hf_hetspec.proposer import DraftPolicy
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.tli import TLIProposer
 
@@ -43,7 +43,7 @@ def test_greedy_tli_drafts_the_argmax_over_the_intersection(toy_pair, monkeypatc
     """The drafter's favourite, ``<start_of_turn>``, has no target counterpart: TLI drafts its best shared
     token, ``▁the``, as the target's ``Ġthe``."""
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
-    proposer = _tli(toy_pair, 2, sampling=False)
+    proposer = _tli(toy_pair, 2, policy=DraftPolicy())
     _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("<start_of_turn>"): 9.0,
                                             d.convert_tokens_to_ids("▁the"): 5.0})
     draft = proposer.propose(_prompt(toy_pair))
@@ -55,7 +55,7 @@ def test_sampled_tli_hands_over_the_push_forward_of_q(toy_pair, monkeypatch):
     (0.5 + 0.25), ``▁the`` keeps its 0.25; every other target id gets 0."""
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
     generator = torch.Generator().manual_seed(0)
-    proposer = _tli(toy_pair, 1, sampling=True, drafter_processors=LogitsProcessorList(), generator=generator)
+    proposer = _tli(toy_pair, 1, policy=DraftPolicy(sample=True, needs_q=True), generator=generator)
     _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("T"): math.log(0.5),
                                             d.convert_tokens_to_ids("<0x54>"): math.log(0.25),
                                             d.convert_tokens_to_ids("▁the"): math.log(0.25)})
@@ -69,7 +69,7 @@ def test_sampled_tli_hands_over_the_push_forward_of_q(toy_pair, monkeypatch):
 
 def test_a_greedy_draft_in_a_sampled_call_comes_with_its_one_hot_q(toy_pair, monkeypatch):
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
-    proposer = _tli(toy_pair, 1, sampling=True, greedy_draft=True)
+    proposer = _tli(toy_pair, 1, policy=DraftPolicy(needs_q=True))
     _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("▁the"): 2.0, d.convert_tokens_to_ids("T"): 1.9})
     draft = proposer.propose(_prompt(toy_pair))
     the = t.convert_tokens_to_ids("Ġthe")
@@ -77,13 +77,13 @@ def test_a_greedy_draft_in_a_sampled_call_comes_with_its_one_hot_q(toy_pair, mon
     assert draft.q.shape == (1, proposer.target_size) and draft.q[0, the] == 1 and draft.q.sum() == 1
 
 
-@pytest.mark.parametrize("sampling", [False, True])
-def test_a_draft_ends_after_the_targets_eos(toy_pair, monkeypatch, sampling):
+@pytest.mark.parametrize("needs_q", [False, True])
+def test_a_draft_ends_after_the_targets_eos(toy_pair, monkeypatch, needs_q):
     """The drafter's EOS maps to the target's: nothing is generated after an accepted EOS, so the draft of
-    lookahead 4 stops there and the drafter forgets the rest."""
+    lookahead 4 stops there; the drafter catches up on the text at the next sync."""
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
-    proposer = _tli(toy_pair, 4, sampling=sampling, greedy_draft=True)
+    proposer = _tli(toy_pair, 4, policy=DraftPolicy(needs_q=needs_q))
     _drafter_logits(proposer, monkeypatch, {d.eos_token_id: 9.0})
     draft = proposer.propose(_prompt(toy_pair))
     assert draft.target_ids == [t.eos_token_id]
-    assert proposer.context.draft_ids == [d.eos_token_id]
+    assert proposer.context.draft_ids == []

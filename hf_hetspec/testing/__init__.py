@@ -71,6 +71,7 @@ from typing import Callable, Mapping
 import torch
 from transformers import StoppingCriteriaList, StopStringCriteria
 
+from ..drafter import model_device
 from ..plan import HetspecArguments
 
 __all__ = [
@@ -221,7 +222,7 @@ def exact_target_distribution(
             "Pass e.g. top_k=5."
         )
 
-    device = target.get_input_embeddings().weight.device
+    device = model_device(target)
     prompt = input_ids.to(device)
     forward_kwargs = {"use_cache": False}
     if "logits_to_keep" in inspect.signature(target.forward).parameters:
@@ -279,7 +280,7 @@ class _Sampler:
         if "do_sample" in generation_kwargs and generation_kwargs["do_sample"] is not True:
             raise ValueError("samplers always sample: drop do_sample=False.")
         self.target = target
-        self.device = target.get_input_embeddings().weight.device
+        self.device = model_device(target)
         self.input_ids = input_ids.to(self.device)
         self.num_tokens = num_tokens
         kwargs = {k: v for k, v in generation_kwargs.items() if k != "do_sample"}

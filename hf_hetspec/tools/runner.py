@@ -49,6 +49,7 @@ import torch
 
 from .. import integration
 from ..compat import cache_from_kwargs, cache_kwargs, output_cache
+from ..drafter import model_device
 from ..stats import DecodingStats, acceptance_rate, alpha
 from .checker import GreedyComparison, compare_greedy
 
@@ -281,7 +282,7 @@ def step_seconds(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
         raise ValueError(
             f"step_seconds needs repeats >= 1 and a non-empty prompt; got {repeats}, {tuple(input_ids.shape)}"
         )
-    device = model.get_input_embeddings().weight.device
+    device = model_device(model)
     out = model(input_ids=input_ids.to(device), use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
     token = out.logits[:, -1:].argmax(-1)  # [1, 1]
@@ -343,7 +344,7 @@ class Runner:
             self.builtin_drafter = self.drafter
         if self.builtin_drafter_tokenizer is None:
             self.builtin_drafter_tokenizer = self.drafter_tokenizer
-        self.device = self.target.get_input_embeddings().weight.device
+        self.device = model_device(self.target)
 
     def _decoding(self, max_new_tokens: int | None) -> dict:
         kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": self.do_sample}
