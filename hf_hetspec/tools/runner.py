@@ -51,7 +51,7 @@ from .. import integration
 from ..compat import cache_from_kwargs, cache_kwargs, output_cache
 from ..drafter import model_device
 from ..stats import DecodingStats, acceptance_rate, alpha
-from .checker import GreedyComparison, compare_greedy
+from ..testing.greedy import GreedyComparison, compare_greedy
 
 METHODS = ("target", "transformers", "hf_hetspec")
 #: :data:`METHODS` plus transformers' same-vocabulary assisted generation.

@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 
 import hf_hetspec
 from conftest import save_toy_models
-from hf_hetspec.tools import cli, pairing, zoo
+from hf_hetspec.tools import cli, pairing, pairing_load, zoo
 from hf_hetspec.tools.pairing import PairingError
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # only copied, never decoded
@@ -225,7 +225,7 @@ def test_hub_path_reads_the_cache_and_fails_fast_offline(tmp_path, monkeypatch):
     with pytest.raises(PairingError, match="HF_HUB_OFFLINE"):
         pairing.load("someone/uncached-pairing")
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr(pairing, "_hub_reachable", lambda timeout=0: False)
+    monkeypatch.setattr(pairing_load, "_hub_reachable", lambda timeout=0: False)
     start = time.perf_counter()
     with pytest.raises(PairingError, match="unreachable"):
         pairing.load("someone/uncached-pairing")
