@@ -13,7 +13,7 @@ Example (the numbers in README.md)::
 Metrics: tokens/s (new target tokens over wall seconds, summed over runs), speedup = tokens/s over the target
 alone's tokens/s in the same run, acceptance rate = accepted / drafted draft tokens, tokens per target
 forward (bonus token included), and for greedy runs the verdict against the target alone
-(identical / tie / different, :mod:`hf_hetspec.tools.checker`).
+(identical / tie / different, :mod:`hf_hetspec.testing.greedy`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Tune the default draft schedules (SLEM's joint-confidence threshold and cap; TLI's and SLRS's lookahead),
 against the target alone.
 
-The default schedule (``hf_hetspec.plan.SLEM_DEFAULTS``, per drafter runtime) ends a draft
+The default schedule (``hf_hetspec.schedule.SLEM_DEFAULTS``, per drafter runtime) ends a draft
 once the drafter's probability that the whole draft is accepted falls below the threshold, or at the cap
-(``hf_hetspec.drafter.DraftStop``). This script runs, interleaved per prompt, the target alone and SLEM under
+(``hf_hetspec.schedule.DraftStop``). Each candidate is passed per call as ``generate(hetspec_schedule=...)``.
+ This script runs, interleaved per prompt, the target alone and SLEM under
 each candidate schedule (or a fixed lookahead ``k``), greedy, and prints tokens/s and the speedup over the
 target alone summed over the prompts. Tune on prompts the bench does not report (the bench reports
 HumanEval/0-9), e.g.::
@@ -25,7 +26,7 @@ import sys
 
 import torch
 
-from hf_hetspec import plan
+from hf_hetspec.schedule import DEFAULT_LOOKAHEAD, DraftStop, Schedule
 from hf_hetspec.tools import zoo
 from hf_hetspec.tools.prompts import code_prompts
 from hf_hetspec.tools.runner import Runner
@@ -54,6 +55,18 @@ def parse_schedule(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"{text!r}: use J/M (e.g. 0.35/12) or kN (e.g. k4)") from err
 
 
+def schedule_for(spec: dict, algorithm: str) -> Schedule | None:
+    """The ``hetspec_schedule`` a parsed candidate stands for: ``J/M`` (SLEM) drafts of up to ``M`` tokens ended
+    by the joint-confidence threshold ``J``; ``hN`` (TLI, SLRS) the +2/-1 rule from ``DEFAULT_LOOKAHEAD`` with
+    floor ``N``. ``None`` (the algorithm's default schedule) for ``default``, ``kN`` (passed as
+    ``num_assistant_tokens``) and a form that does not apply to ``algorithm``."""
+    if "joint" in spec and algorithm == "slem":
+        return Schedule(spec["max"], False, DraftStop(0.0, spec["joint"]))
+    if "floor" in spec and algorithm != "slem":
+        return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(), spec["floor"])
+    return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -76,35 +89,24 @@ def main(argv=None) -> int:
                            if "floor" in s else f"{s['joint']}/{s['max']}")
                           + ("+block" if "verification" in s else "") for s in args.schedules]
     totals = {name: [0, 0.0, 0, 0] for name in names}  # new tokens, seconds, target forwards, drafted tokens
-    saved, saved_floors = dict(plan.SLEM_DEFAULTS), dict(plan.TOKEN_LEVEL_FLOORS)
-    try:
-        for prompt in code_prompts(args.last)[args.first:]:
-            ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
-            sampled = args.temperature > 0
-            for seed, name, schedule in [(seed, n, s) for seed in (args.seeds if sampled else [0])
-                                         for n, s in zip(names, [None] + args.schedules)]:
-                runner = Runner(target, target_tok, drafter, drafter_tok, algorithm=args.algorithm,
-                                max_new_tokens=args.max_new_tokens, lookahead=(schedule or {}).get("k"),
-                                do_sample=sampled, temperature=args.temperature if sampled else None, seed=seed,
-                                verification=(schedule or {}).get("verification", "token"))
-                if schedule is None:
-                    run = runner.target_alone(ids)
-                else:
-                    for name_, default in saved.items():  # whichever runtime auto resolves to
-                        plan.SLEM_DEFAULTS[name_] = plan.SlemDefault(schedule.get("joint", default.min_joint),
-                                                                     schedule.get("max", default.max_lookahead))
-                        plan.TOKEN_LEVEL_FLOORS[name_] = schedule.get("floor", saved_floors[name_])
-                    run = runner.hetspec(ids)
-                total = totals[name]
-                total[0] += run.new_tokens
-                total[1] += run.seconds
-                total[2] += run.target_forwards or 0
-                total[3] += run.drafted_tokens or 0
-                print(f"{prompt.prompt_id} seed {seed} {name}: {run.new_tokens} tokens in {run.seconds:.1f} s, "
-                      f"{run.target_forwards} target forwards, {run.drafted_tokens} drafted", flush=True)
-    finally:
-        plan.SLEM_DEFAULTS.update(saved)
-        plan.TOKEN_LEVEL_FLOORS.update(saved_floors)
+    for prompt in code_prompts(args.last)[args.first:]:
+        ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
+        sampled = args.temperature > 0
+        for seed, name, schedule in [(seed, n, s) for seed in (args.seeds if sampled else [0])
+                                     for n, s in zip(names, [None] + args.schedules)]:
+            runner = Runner(target, target_tok, drafter, drafter_tok, algorithm=args.algorithm,
+                            max_new_tokens=args.max_new_tokens, lookahead=(schedule or {}).get("k"),
+                            do_sample=sampled, temperature=args.temperature if sampled else None, seed=seed,
+                            verification=(schedule or {}).get("verification", "token"),
+                            schedule=schedule_for(schedule or {}, args.algorithm))
+            run = runner.target_alone(ids) if schedule is None else runner.hetspec(ids)
+            total = totals[name]
+            total[0] += run.new_tokens
+            total[1] += run.seconds
+            total[2] += run.target_forwards or 0
+            total[3] += run.drafted_tokens or 0
+            print(f"{prompt.prompt_id} seed {seed} {name}: {run.new_tokens} tokens in {run.seconds:.1f} s, "
+                  f"{run.target_forwards} target forwards, {run.drafted_tokens} drafted", flush=True)
     base = totals["target"][0] / totals["target"][1]
     print("\n| schedule | tokens/s | speedup | tokens/forward | drafted/forward |\n|---|---|---|---|---|")
     for name, (tokens, seconds, forwards, drafted) in totals.items():

@@ -35,6 +35,7 @@ from .chat import chat_inputs
 from .integration import assisted_decoding_with, disable, enable, is_enabled, last_stats
 from .intersection import IntersectionLogitsProcessor, VocabularyIntersection, vocabulary_intersection
 from .plan import ALGORITHMS, IMPLEMENTED, LOOPS, VERIFICATIONS, DecodingPlan
+from .schedule import DraftStop, Schedule
 from .stats import DecodingStats
 
 __version__ = "0.1.0"
@@ -46,10 +47,12 @@ __all__ = [
     "VERIFICATIONS",
     "DecodingPlan",
     "DecodingStats",
+    "DraftStop",
     "HetspecCandidateGenerator",
     "IntersectionLogitsProcessor",
     "SLEMCandidateGenerator",
     "SLRSCandidateGenerator",
+    "Schedule",
     "TLICandidateGenerator",
     "VocabularyIntersection",
     "assisted_decoding_with",

@@ -20,7 +20,7 @@ ids by itself: each ``get_candidates`` hands it transformers' whole ``input_ids`
 those it has seen (the accepted draft tokens and the target's correction or bonus token), exactly as
 :func:`hf_hetspec.decoding.speculative_generate` calls it after each verification.
 
-What transformers' loop cannot do exactly is refused by :func:`check_transformers_loop` (docs/api.md
+What transformers' loop cannot do exactly is refused by :func:`hf_hetspec.plan.check_loop` (docs/api.md
 "transformers' loop"). ``generate(..., hetspec_loop="transformers")`` on an enabled model runs these classes
 (:mod:`hf_hetspec.integration`); :func:`hf_hetspec.integration.assisted_decoding_with` is the hook for
 callers of ``_assisted_decoding``. ``tests/test_candidates.py`` pins the transformers interfaces used.
@@ -37,50 +37,10 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
 from .proposer import Draft, HeterogeneousProposer
-from .runtime import prepare_drafter
 from .slem import SLEMProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
 from .tli import TLIProposer
-
-_OWN_LOOP = "; run the call in hf_hetspec's own loop (`hetspec_loop=\"hetspec\"`, the default), which "
-_PER_BLOCK = (
-    "transformers' assisted-generation loop checks stopping criteria once per verified block, so it would keep "
-    "the tokens of an accepted block past the stop" + _OWN_LOOP + "checks them after every token."
-)
-
-
-def check_transformers_loop(plan: DecodingPlan, args: HetspecArguments, call: dict, model_kwargs: dict) -> None:
-    """Refuse, before any work, what a call cannot have in transformers' loop exactly as in plain decoding.
-
-    transformers' loop samples with torch's global RNG; checks stopping criteria once per verified block
-    (EOS and ``max_length`` are cut inside the block, other criteria are not); verifies token by token; and
-    prefills from the prompt it is given.
-
-    Args:
-        plan: the call's plan (:func:`hf_hetspec.plan.make_plan`).
-        args: hf_hetspec's keywords of the call.
-        call: ``generate()``'s named parameters as given (``stopping_criteria``, ...).
-        model_kwargs: the call's model inputs (``plan.model_kwargs``).
-
-    Raises:
-        ValueError: naming the input, with hf_hetspec's own loop (``hetspec_loop="hetspec"``) as the fix.
-    """
-    if args.generator is not None:
-        raise ValueError("`hetspec_generator` with hetspec_loop='transformers': transformers' loop samples with "
-                         "torch's global RNG (seed it with torch.manual_seed)" + _OWN_LOOP
-                         + "samples with your generator.")
-    if plan.verification != "token":
-        raise ValueError(f"`hetspec_verification={plan.verification!r}` with hetspec_loop='transformers': "
-                         "transformers' loop verifies token by token" + _OWN_LOOP + "verifies blocks.")
-    if plan.stop_strings:
-        raise ValueError("`stop_strings` with hetspec_loop='transformers': " + _PER_BLOCK)
-    if call.get("stopping_criteria"):
-        raise ValueError("`stopping_criteria` with hetspec_loop='transformers': " + _PER_BLOCK)
-    if any(model_kwargs.get(name) is not None for name in ("past_key_values", "cache")):
-        raise ValueError("a cache passed to generate() with hetspec_loop='transformers': transformers' loop "
-                         "prefills from the prompt it is given" + _OWN_LOOP + "continues a passed cache.")
-
 
 class HetspecCandidateGenerator(CandidateGenerator):
     """Base of :class:`SLEMCandidateGenerator`, :class:`TLICandidateGenerator` and
@@ -154,9 +114,9 @@ class HetspecCandidateGenerator(CandidateGenerator):
                                 loop="transformers")
         call = {"inputs": input_ids, "generation_config": generation_config, "assistant_model": drafter}
         plan = make_plan(target, call, {"tokenizer": tokenizer, "assistant_tokenizer": assistant_tokenizer}, args)
-        check_transformers_loop(plan, args, call, plan.model_kwargs)
-        prepared = prepare_drafter(drafter, hetspec_drafter)
-        stats = DecodingStats(algorithm=plan.algorithm, note=plan.note, drafter_runtime=prepared.runtime,
+        prepared = plan.drafter  # the drafter in its runtime, prepared once by the plan
+        stats = DecodingStats(algorithm=plan.algorithm, note="; ".join(filter(None, (plan.note, prepared.note))),
+                              drafter_runtime=prepared.runtime,
                               drafter_prepare_s=prepared.prepare_s, drafter_memory_bytes=prepared.memory_bytes)
         decoding_config = copy.deepcopy(generation_config)
         if decoding_config.max_new_tokens is not None:  # as transformers' generate() resolves the length

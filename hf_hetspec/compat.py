@@ -8,6 +8,8 @@ runs without that warning on 5.23 and on 5.24+.
 PyTorch 2.13 deprecates ``torch.ao.quantization`` and quantized tensors, and warns on every use; the int8
 drafter (:mod:`hf_hetspec.runtime` says why it still uses them) silences exactly those warnings
 (:func:`quiet_quantization_warnings`).
+
+Also the one definition of where a model takes its inputs (:func:`model_device`), which every layer needs.
 """
 
 from __future__ import annotations
@@ -74,3 +76,8 @@ def output_cache_kwargs(output_class: type, cache: Any) -> dict[str, Any]:
 
 def _has_field(obj: Any, name: str) -> bool:
     return dataclasses.is_dataclass(obj) and any(f.name == name for f in dataclasses.fields(obj))
+
+
+def model_device(model) -> "torch.device":
+    """Device of ``model``'s input embeddings (the first shard of a model split with ``device_map``)."""
+    return model.get_input_embeddings().weight.device

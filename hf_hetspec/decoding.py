@@ -21,6 +21,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from .compat import cache_kwargs, output_cache_kwargs
 from .drafter import model_device, rollback_cache
+from .proposer import Proposer
 from .stats import DecodingStats
 from .verify import verify_block, verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
@@ -55,7 +56,7 @@ def _positions(prompt_positions: torch.Tensor, start: int, end: int) -> torch.Te
 OVERLAP_PREFILL_MIN = 384
 
 
-def overlaps_prefill(target, proposer) -> bool:
+def overlaps_prefill(target, proposer: Proposer) -> bool:
     """Whether the drafter prefills its prompt on a second thread while the target prefills its own: both models
     on the CPU, a core left beyond PyTorch's intra-op threads and not taken by other processes (the 1-minute
     load average, this process's own included, below the core count minus one half), and at least
@@ -65,11 +66,10 @@ def overlaps_prefill(target, proposer) -> bool:
     Measured (``benchmarks/overlap_prefill.py``, 3 Spec-Bench summarization prompts of 422-709 tokens, SLEM
     greedy, one thread): 2.28x the target alone with the overlap against 2.15x without on an idle 2-core
     machine; with another benchmark on the second core, 1.96x against 2.05x (hence the load check)."""
-    if not hasattr(proposer, "prefill_drafter"):  # a proposer without a drafter context (scripted drafts)
+    if not hasattr(proposer, "prefill_drafter"):  # not a PrefillingProposer (e.g. scripted drafts)
         return False
-    context = proposer.context
-    uncached = len(context.ids) - context.cache.get_seq_length()
-    on_cpu = model_device(target).type == "cpu" and context.device.type == "cpu"
+    uncached = proposer.prefill_tokens
+    on_cpu = model_device(target).type == "cpu" and proposer.drafter_device.type == "cpu"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return on_cpu and torch.get_num_threads() < cores and busy < cores - 0.5 and uncached >= OVERLAP_PREFILL_MIN
@@ -90,7 +90,7 @@ def speculative_generate(
     logits_processor,
     stopping_criteria,
     generation_config,
-    proposer,
+    proposer: Proposer,
     stats: DecodingStats,
     *,
     streamer=None,
@@ -107,8 +107,8 @@ def speculative_generate(
         logits_processor (``LogitsProcessorList``): the target's processors, as prepared by ``generate()``.
         stopping_criteria (``StoppingCriteriaList``): as prepared by ``generate()``.
         generation_config: the merged ``GenerationConfig`` of the call.
-        proposer: a :class:`~hf_hetspec.proposer.HeterogeneousProposer`; ``proposer.propose(ids)`` gives the
-            next :class:`~hf_hetspec.proposer.Draft`. A sampled call verifies it against the draft's ``q``
+        proposer: a :class:`~hf_hetspec.proposer.Proposer` (what the loop may use of it); ``proposer.propose(ids)``
+            gives the next :class:`~hf_hetspec.proposer.Draft`. A sampled call verifies it against the draft's ``q``
             when it has one (``verification``), otherwise by exact-match sampling.
         stats: filled in place.
         streamer: receives only accepted tokens, one block per target forward.
@@ -204,7 +204,7 @@ def speculative_generate(
     if streamer is not None:
         streamer.end()
     stats.new_tokens = ids.shape[1] - input_ids.shape[1]
-    stats.drafter_truncated_tokens = proposer.context.truncated_tokens
+    stats.drafter_truncated_tokens = proposer.truncated_tokens
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
             sequences=ids,

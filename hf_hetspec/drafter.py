@@ -22,8 +22,9 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from .alignment import TextWindowConverter, Vocabulary, common_prefix_length
-from .compat import cache_kwargs, quiet_quantization_warnings
+from .compat import cache_kwargs, model_device, quiet_quantization_warnings  # model_device: also its old path
 from .recurrent import SnapshotCache, is_state_layer
+from .schedule import DraftStop  # also the old import path of DraftStop
 from .static_drafter import StaticCacheDrafter
 
 #: Positions kept free after the synced context for one draft (lookahead <= 16 target tokens, a few drafter
@@ -54,11 +55,6 @@ def rollback_cache(cache: DynamicCache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
-
-
-def model_device(model: PreTrainedModel) -> torch.device:
-    """Device of the input embeddings (the first shard of a model split with ``device_map``)."""
-    return model.get_input_embeddings().weight.device
 
 
 #: A pruned LM head is used only when it keeps at most this share of the drafter's rows (below it, the copy of
@@ -161,43 +157,6 @@ class PrunedHead:
         head's dtype gives)."""
         out = self.decoder(input_ids=feed, use_cache=True, **cache_kwargs(self.decoder, cache))
         return self.linear(out.last_hidden_state[:, -1].to(self.head_device))
-
-
-@dataclass(frozen=True)
-class DraftStop:
-    """When to end a draft before the lookahead is used up, from the drafter's own confidence.
-
-    The draft ends after a token whose drafter probability is below ``min_confidence`` (transformers'
-    ``assistant_confidence_threshold`` rule), or once the product of the drafted tokens' probabilities -- the
-    drafter's estimate that the whole draft is accepted -- falls below ``min_joint``. The second rule is a
-    cost rule: drafting one more token costs about ``c + v`` target forwards (``c`` = drafter step time /
-    target step time, ``v`` = what one more token adds to the verification forward) and adds at most that
-    product in expected accepted tokens, so drafting is worth it while the product exceeds ``c + v``
-    (Leviathan et al. 2023, Section 3.4, choose the draft length from the acceptance rate and the cost ratio;
-    here per draft, from the drafter's confidence). The drafter's confidence overstates the target's
-    agreement, so the tuned defaults (``plan.SLEM_DEFAULTS``, per drafter runtime) sit above ``c + v``.
-
-    Both decisions depend on the drafter alone, so they never change the output distribution: the number
-    of drafts is a stopping time of the drafter's randomness, and speculative sampling is exact for any
-    draft length fixed before verification.
-
-    Attributes:
-        min_confidence: per-token cut-off in ``[0, 1)`` (0 disables it).
-        min_joint: cut-off of the running product in ``[0, 1)`` (0 disables it).
-    """
-
-    min_confidence: float = 0.0
-    min_joint: float = 0.0
-
-    @property
-    def enabled(self) -> bool:
-        """Whether either cut-off is set (a disabled stop costs no host sync per drafted token)."""
-        return self.min_confidence > 0.0 or self.min_joint > 0.0
-
-    def ends(self, confidence: float, joint: float) -> bool:
-        """Whether to end the draft after a token drafted with probability ``confidence``, ``joint`` being the
-        product of the probabilities of the draft so far, that token's included."""
-        return confidence < self.min_confidence or joint < self.min_joint
 
 
 @dataclass

@@ -4,7 +4,8 @@
 ``disable(model)`` deletes it again). When ``generate()`` is called with ``assistant_model=``, the wrapper
 
 1. decides the call before any work (:func:`hf_hetspec.plan.make_plan`: clear errors that name the argument
-   and the fix, the algorithm, the draft schedule, the generation config merged once);
+   and the fix, the algorithm, the drafter in its runtime, the draft schedule, the generation config merged
+   once);
 2. calls transformers' own ``generate()`` with that config and ``custom_generate=`` set to our decoding loop
    (:func:`~hf_hetspec.decoding.speculative_generate`), so the logits processors, stopping criteria, streamer
    and KV cache are prepared by transformers exactly as for plain decoding; the loop builds the algorithm's
@@ -36,12 +37,10 @@ import torch
 from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
-from .candidates import GENERATORS, HetspecCandidateGenerator, check_transformers_loop
+from .candidates import GENERATORS, HetspecCandidateGenerator
 from .compat import cache_from_kwargs
 from .decoding import speculative_generate
-from .model_checks import check_drafter_weights
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
-from .runtime import prepare_drafter
 from .stats import DecodingStats
 
 _GENERATE_SIGNATURE = inspect.signature(GenerationMixin.generate)
@@ -92,7 +91,13 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       place for this call only by :func:`assisted_decoding_with`). Both are exact; in transformers' loop
       ``hetspec_generator``, ``hetspec_verification="block"``, ``stop_strings``, ``stopping_criteria`` and a
       passed cache are refused before any work (``ValueError``,
-      :func:`hf_hetspec.candidates.check_transformers_loop`).
+      :func:`hf_hetspec.plan.check_loop`).
+    * ``hetspec_schedule`` (:class:`hf_hetspec.Schedule`): the draft schedule of this call -- first lookahead,
+      +2/-1 adaptation and its floor, confidence stop (:class:`hf_hetspec.DraftStop`) -- instead of the default
+      for the algorithm and drafter runtime (:mod:`hf_hetspec.schedule`). Refused before any work with
+      ``num_assistant_tokens``, ``num_assistant_tokens_schedule`` or ``assistant_confidence_threshold`` (one of
+      the two would be dropped), and when a lookahead is below 1 or a cut-off outside ``[0, 1)``. Changes speed
+      only.
     * ``assistant_input_ids`` (``torch.LongTensor`` of shape ``(1, m)``, ids of ``assistant_tokenizer``): the
       prompt as the drafter should see it, e.g. the drafter's own chat template applied to the same messages
       (:func:`hf_hetspec.chat_inputs`). Default: the target prompt converted by
@@ -235,9 +240,8 @@ class _HetSpecDecoding:
         **model_kwargs,
     ):
         began = time.perf_counter()
-        with self.stats.timer("translation_s"):  # converts the drafter's prompt
-            proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats,
-                                      self.generator)
+        # the proposer times its own conversion of the prompt (translation_s): not timed again here
+        proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats, self.generator)
         if self.streamer is not None:
             self.streamer.put(input_ids.cpu())
         out = speculative_generate(
@@ -305,11 +309,7 @@ def _generate(self, *args, **kwargs):
         return original(**call, **extra)
 
     plan = make_plan(self, call, extra, hetspec)
-    if hetspec.loop == "transformers":
-        check_transformers_loop(plan, hetspec, call, plan.model_kwargs)
-    check_drafter_weights(call["assistant_model"])
-    # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter and cached
-    prepared = prepare_drafter(call["assistant_model"], hetspec.drafter_runtime)
+    prepared = plan.drafter  # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter, cached
     stats = DecodingStats(algorithm=plan.algorithm, verification=plan.verification,
                           note="; ".join(filter(None, (plan.note, prepared.note))),
                           drafter_runtime=prepared.runtime, drafter_prepare_s=prepared.prepare_s,

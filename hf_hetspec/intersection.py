@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,16 +219,28 @@ def _key(target: Vocabulary, drafter: Vocabulary) -> str:
     return hashlib.sha256(f"v{FORMAT_VERSION}:{target.digest}:{drafter.digest}".encode()).hexdigest()[:32]
 
 
-_MEMORY: dict[str, dict[str, torch.Tensor]] = {}
+#: How many maps of each kind a process keeps in memory (the most recently used; a map of two real vocabularies
+#: is a few MB, and a process rarely decodes with more than a few pairs).
+MEMORY_PAIRS = 4
+_MEMORY: "OrderedDict[str, dict[str, torch.Tensor]]" = OrderedDict()
+
+
+def remembered(memory: OrderedDict, key, build, size: int = MEMORY_PAIRS):
+    """``memory[key]``, built by ``build()`` when absent; ``memory`` keeps the ``size`` most recently used
+    values, so a long-lived process that meets many vocabulary pairs does not grow without bound."""
+    if key in memory:
+        memory.move_to_end(key)
+        return memory[key]
+    memory[key] = value = build()
+    while len(memory) > size:
+        memory.popitem(last=False)
+    return value
 
 
 def _cached(name: str, build) -> dict[str, torch.Tensor]:
     """Tensors stored under ``cache_dir()/name.safetensors``, built by ``build()`` when absent or unreadable;
-    kept in memory after the first use in a process, so a ``generate()`` call does not reread the file."""
-    if name in _MEMORY:
-        return _MEMORY[name]
-    _MEMORY[name] = tensors = _read_or_build(name, build)
-    return tensors
+    kept in memory (:func:`remembered`), so a ``generate()`` call does not reread the file."""
+    return remembered(_MEMORY, name, lambda: _read_or_build(name, build))
 
 
 def _read_or_build(name: str, build) -> dict[str, torch.Tensor]:

@@ -4,35 +4,55 @@ The plan is made by small named steps, each the one source of its rule:
 
 1. :func:`check_call` -- the models, tokenizers, prompt, mask, positions and hf_hetspec's own keywords;
 2. :func:`check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams, caches, ...), and
-   :func:`hf_hetspec.inputs.check_generate_inputs` -- every other argument, honoured or refused;
+   :func:`hf_hetspec.inputs.check_generate_inputs` -- every other argument, honoured or refused; and
+   :func:`check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot honour;
 3. :func:`choose_algorithm` -- what ``hetspec_algorithm="auto"`` resolves to, and why (``hf-hetspec analyze``
    and the pairing cards recommend through the same function); then :func:`check_draft_temperature` and
    :func:`check_verification`, the keywords that make sense only for some algorithms, and
-   :func:`choose_draft_temperature`, how TLI and SLRS draft;
-4. :func:`choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence stop);
+   :func:`choose_draft_temperature` and :func:`choose_draft_policy`, how TLI and SLRS draft;
+4. :func:`hf_hetspec.model_checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
+   drafter in the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback);
+5. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
+   stop) of that runtime, or the call's own ``hetspec_schedule`` (:func:`hf_hetspec.schedule.check_schedule`);
 
 :func:`make_plan` runs them in that order on the generation config merged once from the call
 (``target._prepare_generation_config``); :func:`build_proposer` turns a plan into the algorithm's proposer
-for the prompt transformers hands to the decoding loop. Every check raises before a forward pass, with a
-message that names the argument and the fix.
+for the prompt transformers hands to the decoding loop. Every check raises before a forward pass and before
+the drafter's copy is made, with a message that names the argument and the fix.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .alignment import Vocabulary, vocabulary
-from .drafter import DraftStop, model_device
+from .drafter import model_device
 from .inputs import check_generate_inputs
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
-from .model_checks import check_not_changed_by_assisted_generation, check_peft_adapters, peft_base_model
-from .proposer import HeterogeneousProposer
-from .runtime import resolve_runtime
+from .model_checks import (
+    check_drafter_weights,
+    check_not_changed_by_assisted_generation,
+    check_peft_adapters,
+    peft_base_model,
+)
+from .proposer import DraftPolicy, HeterogeneousProposer
+from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
+from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
+    DEFAULT_LOOKAHEAD,
+    MAX_LOOKAHEAD,
+    SLEM_DEFAULTS,
+    TOKEN_LEVEL_FLOORS,
+    DraftStop,
+    Schedule,
+    SlemDefault,
+    check_schedule,
+    choose_schedule,
+)
 from .slem import SLEMProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
@@ -47,47 +67,6 @@ VERIFICATIONS = ("token", "block")
 #: ``hetspec_loop``: whose draft-verify loop runs a call -- hf_hetspec's own (``decoding.speculative_generate``,
 #: the default) or transformers' ``_assisted_decoding`` with the generators of ``candidates.py``.
 LOOPS = ("hetspec", "transformers")
-#: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
-DEFAULT_LOOKAHEAD = 5
-
-@dataclass(frozen=True)
-class SlemDefault:
-    """SLEM's default draft schedule: drafts of up to ``max_lookahead`` drafter tokens, each ended once the
-    drafter's probability that all of it is accepted falls below ``min_joint``
-    (:class:`~hf_hetspec.drafter.DraftStop`)."""
-
-    min_joint: float
-    max_lookahead: int
-
-
-#: SLEM's default schedule per drafter runtime (:mod:`hf_hetspec.runtime`). Drafting one more token pays while
-#: its chance of acceptance exceeds what it costs, about the drafter's step c plus what it adds to the
-#: verification (0.03 target forwards), so a cheaper drafter step pays for longer drafts (Leviathan et al.
-#: 2023, Section 3.4). The drafter's confidence overstates how often the target agrees, so the thresholds that
-#: win sit above c + 0.03. Tuned with benchmarks/tune_schedule.py on HumanEval/20-29 (disjoint from the bench's
-#: HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B bf16 target, CPU (benchmarks/README.md):
-#:
-#: * eager drafters (c = 0.165): 0.35/12 ran 2.29x and 2.18x the target alone on the two halves; 0.2/32 2.02x,
-#:   0.5/32 2.18x, 0.5/12 2.22x;
-#: * int8 runtimes (c = 0.06-0.08): 0.2/16 ran 2.75x on HumanEval/20-24 against 2.36x for 0.35/12, 2.71x for
-#:   0.25/16 and 2.46x for 0.15/20.
-#:
-#: The compiled runtime (CUDA graphs on a GPU) gets the low-cost schedule by analogy: it exists to make the
-#: drafter's step cheap, and no GPU was available to tune it.
-SLEM_DEFAULTS: dict[str, SlemDefault] = {
-    "eager": SlemDefault(0.35, 12),
-    "float32": SlemDefault(0.35, 12),
-    "int8": SlemDefault(0.2, 16),
-    "int8-static": SlemDefault(0.2, 16),
-    "compiled": SlemDefault(0.2, 16),
-}
-#: TLI's and SLRS's default floor of the +2/-1 lookahead schedule per drafter runtime. Leviathan et al.'s
-#: expected speedup ``(1 - a^(k+1)) / ((1 - a)(1 + k (c + 0.03)))`` at the acceptance rate a = 0.6 of sampled
-#: code is best at k = 2 for an eager drafter (c = 0.2) and flat over k = 3-5 at c = 0.05, where k = 1 loses
-#: 13%; transformers' rule drops to 1 after a few rejections. Tuned with benchmarks/tune_schedule.py on
-#: HumanEval/20-26, T=1, int8-static SmolLM2 drafter (benchmarks/README.md): TLI ran 1.61x the target alone with
-#: the rule from 1, 1.83x / 1.80x / 1.78x with fixed lookaheads 3 / 4 / 5.
-TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8-static": 3, "compiled": 3}
 #: How TLI and SLRS draft in a sampled call of a heterogeneous pair without ``hetspec_draft_temperature``
 #: (:func:`choose_draft_temperature`): ``0``, the drafter's argmax (over the intersection for TLI, of ``psi`` for
 #: SLRS), verified by speculative sampling against the one-hot ``q`` it came from, so a draft token ``x`` is
@@ -107,31 +86,16 @@ _DYNAMIC_CACHES = (None, "dynamic")
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """How long each draft is.
-
-    Attributes:
-        lookahead: drafter tokens per draft (the first draft's when ``adaptive``), >= 1.
-        adaptive: transformers' heuristic: +2 after a fully accepted draft, -1 otherwise, in
-            ``[min_lookahead, MAX_LOOKAHEAD]``.
-        min_lookahead: the adaptive schedule's floor (transformers': 1).
-        stop: ends a draft early from the drafter's confidence (:class:`~hf_hetspec.drafter.DraftStop`).
-    """
-
-    lookahead: int
-    adaptive: bool
-    stop: DraftStop = field(default_factory=DraftStop)
-    min_lookahead: int = 1
-
-
-@dataclass(frozen=True)
 class DecodingPlan:
     """Everything a hf_hetspec call decided before its first forward pass.
 
     Attributes:
         algorithm: ``"slem"``, ``"tli"`` or ``"slrs"`` (``"auto"`` resolved).
         reason: why that algorithm (:func:`choose_algorithm`).
-        schedule: the draft-length schedule (:func:`choose_schedule`).
+        schedule: the draft-length schedule (:func:`~hf_hetspec.schedule.choose_schedule` for ``drafter``'s
+            runtime, or the call's ``hetspec_schedule``).
+        drafter: the drafter as it runs (:func:`~hf_hetspec.runtime.prepare_drafter`): its model (a cached
+            copy for most runtimes), the runtime in effect after any fallback, what preparing it cost.
         generation_config: the call's ``GenerationConfig``, merged once from the model's defaults, a passed
             config and the keyword arguments; ``stop_strings`` cleared (the plan carries them).
         model_kwargs: the call's model inputs (``input_ids``, ``attention_mask``, ...), passed on unchanged.
@@ -142,6 +106,8 @@ class DecodingPlan:
         prefix_map (``torch.LongTensor`` of shape ``(V_drafter,)``): SLRS's longest-target-prefix map, else ``None``.
         draft_temperature: how a sampled TLI or SLRS call drafts (:func:`choose_draft_temperature`): ``0`` the
             drafter's argmax, ``t > 0`` a sample at temperature ``t``; ``None`` for SLEM and greedy calls.
+        draft_policy: TLI's and SLRS's draft policy, argmax or sample, its warpers, whether a ``q`` is handed
+            to verification (:func:`choose_draft_policy`); ``None`` for SLEM.
         drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
         verification: ``hetspec_verification``, one of ``VERIFICATIONS`` (:func:`check_verification`).
     """
@@ -149,6 +115,7 @@ class DecodingPlan:
     algorithm: str
     reason: str
     schedule: Schedule
+    drafter: PreparedDrafter
     generation_config: GenerationConfig
     model_kwargs: dict
     stop_strings: object
@@ -158,6 +125,7 @@ class DecodingPlan:
     intersection: VocabularyIntersection | None = None
     prefix_map: torch.Tensor | None = None
     draft_temperature: float | None = None
+    draft_policy: DraftPolicy | None = None
     drafter_prompt: tuple[int, ...] | None = None
     verification: str = "token"
 
@@ -179,6 +147,8 @@ class HetspecArguments:
         drafter_runtime: ``hetspec_drafter``, the drafter's runtime (:mod:`hf_hetspec.runtime`), default
             ``"auto"``.
         verification: ``hetspec_verification``, ``"token"`` (default) or ``"block"`` (:func:`check_verification`).
+        schedule: ``hetspec_schedule``, a :class:`~hf_hetspec.schedule.Schedule` used instead of the default
+            (:func:`~hf_hetspec.schedule.check_schedule`), or ``None``.
         loop: ``hetspec_loop``, ``"hetspec"`` (default) or ``"transformers"`` (one of ``LOOPS``).
     """
 
@@ -188,20 +158,22 @@ class HetspecArguments:
     drafter_prompt: torch.Tensor | None = None
     drafter_runtime: str = "auto"
     verification: str = "token"
+    schedule: Schedule | None = None
     loop: str = "hetspec"
 
     KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
-                "hetspec_drafter", "hetspec_verification", "hetspec_loop")
+                "hetspec_drafter", "hetspec_verification", "hetspec_schedule", "hetspec_loop")
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
         """Remove hf_hetspec's keywords from ``kwargs``; returns them and whether any was given."""
         values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
         given = any(value is not None for value in values)
-        algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification, loop = values
+        (algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification, schedule,
+         loop) = values
         return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt,
                    "auto" if drafter_runtime is None else drafter_runtime,
-                   "token" if verification is None else verification,
+                   "token" if verification is None else verification, schedule,
                    "hetspec" if loop is None else loop), given
 
 
@@ -263,7 +235,8 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: Hetsp
             f"hetspec_generator is on {generator.device.type} but the target's logits are on "
             f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
         )
-    resolve_runtime(drafter, args.drafter_runtime)  # hetspec_drafter: known, and possible for this drafter
+    # hetspec_drafter known and possible for this drafter (a check only: make_plan resolves it when it prepares)
+    resolve_runtime(drafter, args.drafter_runtime)
     _check_prompt(inputs, model_kwargs)
 
 
@@ -433,6 +406,48 @@ def check_verification(value, algorithm: str, do_sample: bool) -> None:
         )
 
 
+_OWN_LOOP = "; run the call in hf_hetspec's own loop (`hetspec_loop=\"hetspec\"`, the default), which "
+_PER_BLOCK = (
+    "transformers' assisted-generation loop checks stopping criteria once per verified block, so it would keep "
+    "the tokens of an accepted block past the stop" + _OWN_LOOP + "checks them after every token."
+)
+
+
+def check_loop(args: HetspecArguments, stop_strings, call: dict, model_kwargs: dict) -> None:
+    """``hetspec_loop="transformers"``: refuse, before any work, what a call cannot have in transformers' loop
+    (:mod:`hf_hetspec.candidates`) exactly as in plain decoding; nothing for hf_hetspec's own loop.
+
+    transformers' loop samples with torch's global RNG; checks stopping criteria once per verified block
+    (EOS and ``max_length`` are cut inside the block, other criteria are not); verifies token by token; and
+    prefills from the prompt it is given.
+
+    Args:
+        args: hf_hetspec's keywords of the call.
+        stop_strings: the call's ``stop_strings`` (merged generation config).
+        call: ``generate()``'s named parameters as given (``stopping_criteria``, ...).
+        model_kwargs: the call's model inputs.
+
+    Raises:
+        ValueError: naming the input, with hf_hetspec's own loop (``hetspec_loop="hetspec"``) as the fix.
+    """
+    if args.loop != "transformers":
+        return
+    if args.generator is not None:
+        raise ValueError("`hetspec_generator` with hetspec_loop='transformers': transformers' loop samples with "
+                         "torch's global RNG (seed it with torch.manual_seed)" + _OWN_LOOP
+                         + "samples with your generator.")
+    if args.verification != "token":
+        raise ValueError(f"`hetspec_verification={args.verification!r}` with hetspec_loop='transformers': "
+                         "transformers' loop verifies token by token" + _OWN_LOOP + "verifies blocks.")
+    if stop_strings:
+        raise ValueError("`stop_strings` with hetspec_loop='transformers': " + _PER_BLOCK)
+    if call.get("stopping_criteria"):
+        raise ValueError("`stopping_criteria` with hetspec_loop='transformers': " + _PER_BLOCK)
+    if any(model_kwargs.get(name) is not None for name in ("past_key_values", "cache")):
+        raise ValueError("a cache passed to generate() with hetspec_loop='transformers': transformers' loop "
+                         "prefills from the prompt it is given" + _OWN_LOOP + "continues a passed cache.")
+
+
 # --------------------------------------------------------------------------------------------------------
 # 3. the algorithm
 # --------------------------------------------------------------------------------------------------------
@@ -444,11 +459,11 @@ def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafte
 
     ``auto``: identical vocabularies reduce every algorithm to standard speculative decoding -- SLEM (exact
     match) for greedy calls, TLI (plain speculative sampling) for sampled ones. Different vocabularies: SLEM,
-    greedy and sampled. It was measured fastest on both zoo pairs (docs/results.md; bf16 CPU,
-    HumanEval): with SmolLM2-135M, greedy SLEM 2.26x the target alone (TLI 1.45x, SLRS 1.50x), T=1 SLEM 1.97x
-    (TLI 1.30x, SLRS 1.33x); with Gemma-3-270M, T=1 SLEM 1.83x (TLI 1.16x, SLRS 1.10x). Exact match accepts
+    greedy and sampled: it was measured fastest on both zoo pairs, greedy and at T=1 (the numbers, with their
+    settings and dates, are in docs/results.md; ``hf-hetspec bench`` measures a pair). Exact match accepts
     any drafter token whose text the target also writes, needs no intersection, and its acceptance
-    probability ``p(x)`` beats TLI's and SLRS's ``min(1, p/q)`` when the drafter is confident and wrong.
+    probability ``p(x)`` beats TLI's and SLRS's ``min(1, p/q)`` when the drafter is confident and wrong. The
+    reasons returned name no measured number (numbers in messages go stale): they point to the docs.
 
     Args:
         requested: ``hetspec_algorithm`` (``"auto"``, ``"slem"``, ``"tli"`` or ``"slrs"``).
@@ -475,49 +490,9 @@ def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafte
         return "slem", "identical vocabularies: standard speculative decoding with exact match (SLEM)"
     if do_sample:
         return "slem", ("sampling with different vocabularies: exact-match sampling (SLEM) measured fastest on "
-                        "both zoo pairs (1.8-2.0x the target alone vs 1.1-1.3x for TLI and SLRS)")
+                        "both zoo pairs (docs/results.md; measure yours with `hf-hetspec bench`)")
     return "slem", ("greedy with different vocabularies: exact match accepts every drafter token whose text the "
                     "target also writes, with the drafter's whole vocabulary")
-
-
-# --------------------------------------------------------------------------------------------------------
-# 4. the schedule
-# --------------------------------------------------------------------------------------------------------
-
-
-def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assistant_tokens: int | None = None,
-                    num_assistant_tokens_schedule: str | None = None,
-                    assistant_confidence_threshold: float | None = None) -> Schedule:
-    """The draft-length schedule from the user's explicit settings, else the algorithm's default.
-
-    ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
-    ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
-    per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` in
-    effect (resolved, not ``"auto"``); TLI and SLRS follow transformers' +2/-1 rule from
-    ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence stop measured
-    slower for token-level drafts (SmolLM2, T=1: 1.06x vs
-    1.26x; Gemma-3 greedy TLI 0.87x): a drafter token the target would tokenize differently is rejected
-    however sure the drafter is.
-
-    Raises:
-        ValueError: ``assistant_confidence_threshold`` outside ``[0, 1)``.
-    """
-    threshold = assistant_confidence_threshold
-    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
-        raise ValueError(
-            f"assistant_confidence_threshold={threshold!r}: the drafter-confidence cut-off must be in [0, 1) "
-            "(0 disables it)."
-        )
-    min_confidence = float(threshold or 0.0)
-    if num_assistant_tokens is not None or num_assistant_tokens_schedule is not None:
-        lookahead = num_assistant_tokens if num_assistant_tokens is not None else DEFAULT_LOOKAHEAD
-        adaptive = num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
-        return Schedule(lookahead, adaptive, DraftStop(min_confidence))
-    if algorithm == "slem":
-        default = SLEM_DEFAULTS[drafter_runtime]
-        min_joint = default.min_joint if threshold is None else 0.0
-        return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
-    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -572,13 +547,16 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
             return model_kwargs[name]
         return getattr(user_config, name, None) if isinstance(user_config, GenerationConfig) else None
 
-    schedule = choose_schedule(
-        algorithm,
-        drafter_runtime=resolve_runtime(drafter, args.drafter_runtime)[0],
-        num_assistant_tokens=explicit("num_assistant_tokens"),
-        num_assistant_tokens_schedule=explicit("num_assistant_tokens_schedule"),
-        assistant_confidence_threshold=explicit("assistant_confidence_threshold"),
-    )
+    schedule_settings = {name: explicit(name) for name in
+                         ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
+    if args.schedule is not None:
+        check_schedule(args.schedule, schedule_settings)
+    check_loop(args, config.stop_strings, call, rest)
+    check_drafter_weights(drafter)
+    # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
+    prepared = prepare_drafter(drafter, args.drafter_runtime)
+    schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime, **schedule_settings)
+    draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     stop_strings, config.stop_strings = config.stop_strings, None
     # transformers tells "20 new tokens by default" from "max_length=20" by whether the call set it: leave the
     # lengths nobody set unset, so its own merge of this config fills them exactly as for plain decoding
@@ -589,6 +567,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         algorithm=algorithm,
         reason=reason,
         schedule=schedule,
+        drafter=prepared,
         generation_config=config,
         model_kwargs=rest,
         stop_strings=stop_strings,
@@ -597,8 +576,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         identical=identical,
         intersection=intersection if algorithm == "tli" else None,
         prefix_map=prefix_map_for(target_vocab, drafter_vocab) if algorithm == "slrs" else None,
-        draft_temperature=choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample),
-                                                   identical),
+        draft_temperature=draft_temperature,
+        draft_policy=choose_draft_policy(algorithm, config, draft_temperature),
         drafter_prompt=drafter_prompt,
         verification=args.verification,
     )
@@ -639,17 +618,26 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
     args = (plan.target_vocab, drafter, plan.drafter_vocab, input_ids)
     if plan.algorithm == "slem":
         return SLEMProposer(*args, **common)
-    sampling = bool(generation_config.do_sample)
     common.update(
-        sampling=sampling,
-        greedy_draft=plan.draft_temperature == 0,
-        drafter_processors=drafter_warpers(generation_config, plan.draft_temperature) if sampling else None,
+        policy=plan.draft_policy,
         generator=_drafter_generator(generator, model_device(drafter)),
         target_eos_ids=_eos_ids(generation_config),
     )
     if plan.algorithm == "slrs":
         return SLRSProposer(*args, prefix_map=plan.prefix_map, target_size=len(plan.target_vocab), **common)
     return TLIProposer(*args, intersection=plan.intersection, **common)
+
+
+def choose_draft_policy(algorithm: str, config: GenerationConfig, draft_temperature: float | None) -> DraftPolicy | None:
+    """How TLI and SLRS draft in this call (:class:`~hf_hetspec.proposer.DraftPolicy`): a greedy call drafts the
+    argmax and verifies by exact match; a sampled one hands verification a ``q``, and draws each token from it
+    unless ``draft_temperature`` (:func:`choose_draft_temperature`) is ``0`` (the argmax, one-hot ``q``).
+    ``None`` for SLEM."""
+    if algorithm == "slem":
+        return None
+    if not config.do_sample:
+        return DraftPolicy()
+    return DraftPolicy(sample=draft_temperature != 0, warpers=drafter_warpers(config, draft_temperature), needs_q=True)
 
 
 def drafter_warpers(config: GenerationConfig, draft_temperature: float | None = None) -> LogitsProcessorList:

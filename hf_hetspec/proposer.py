@@ -9,18 +9,17 @@ when :mod:`hf_hetspec.verify` needs it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import LogitsProcessorList
 
 from .alignment import Vocabulary, complete_utf8_prefix, convert_prompt, sanitize_utf8
-from .drafter import DrafterContext, DrafterContextFull, DraftStop
-from .intersection import IntersectionLogitsProcessor
+from .drafter import DrafterContext, DrafterContextFull
+from .intersection import IntersectionLogitsProcessor, push_forward
+from .schedule import MAX_LOOKAHEAD, AdaptiveLookahead, DraftStop, Schedule  # noqa: F401 -- old path of MAX_LOOKAHEAD
 from .stats import DecodingStats
-
-#: The longest draft any schedule grows to (drafter tokens).
-MAX_LOOKAHEAD = 16
 
 
 def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, target_prompt: list[int]) -> list[int]:
@@ -44,6 +43,33 @@ class Draft:
     q: torch.Tensor | None = None
 
 
+class Proposer(Protocol):
+    """What the decoding loop (:func:`hf_hetspec.decoding.speculative_generate`) may use of a proposer, and all
+    it may use: drafts, the verification's outcome, and one count for the statistics."""
+
+    #: drafter tokens dropped from the drafter's context to fit its maximum context (statistics).
+    truncated_tokens: int
+
+    def propose(self, input_ids: torch.LongTensor) -> Draft:
+        """The next draft after the accepted target ids ``input_ids`` (``(1, n)``)."""
+
+    def update_schedule(self, num_accepted: int) -> None:
+        """The verification accepted ``num_accepted`` tokens of the last draft."""
+
+
+class PrefillingProposer(Proposer, Protocol):
+    """A proposer whose drafter can prefill its prompt on a second thread while the target prefills
+    (:func:`hf_hetspec.decoding.overlaps_prefill`)."""
+
+    #: where the drafter runs.
+    drafter_device: torch.device
+    #: drafter tokens not yet in the drafter's KV cache.
+    prefill_tokens: int
+
+    def prefill_drafter(self) -> int:
+        """Feed the drafter's prompt but its last token; returns the tokens fed."""
+
+
 class HeterogeneousProposer:
     """Base of the proposers of SLEM, TLI and SLRS (drafters with another vocabulary).
 
@@ -53,8 +79,7 @@ class HeterogeneousProposer:
         drafter_vocab: byte table of the drafter tokenizer (padded to the drafter's LM-head rows).
         input_ids (``torch.LongTensor`` of shape ``(1, n)``): the prompt in target ids.
         schedule: lookahead (initial value when adaptive), adaptation and confidence stop
-            (:class:`~hf_hetspec.plan.Schedule`); adaptive: +2 after a fully accepted draft, -1 otherwise
-            (transformers' "heuristic" schedule), within ``[min_lookahead, max(MAX_LOOKAHEAD, lookahead)]``.
+            (:class:`~hf_hetspec.schedule.Schedule`; its adaptive state: :class:`~hf_hetspec.schedule.AdaptiveLookahead`).
         max_length: the target's ``generation_config.max_length``; drafts never cross it.
         stats: statistics of the call, updated in place.
         window: tokens of context re-encoded with new text on either side.
@@ -70,7 +95,7 @@ class HeterogeneousProposer:
         drafter_vocab: Vocabulary,
         input_ids: torch.LongTensor,
         *,
-        schedule,
+        schedule: Schedule,
         max_length: int,
         stats: DecodingStats,
         window: int = 4,
@@ -78,10 +103,7 @@ class HeterogeneousProposer:
     ):
         self.target_vocab = target_vocab
         self.drafter_vocab = drafter_vocab
-        self.lookahead = schedule.lookahead
-        self.adaptive = schedule.adaptive
-        self.min_lookahead = schedule.min_lookahead
-        self.max_lookahead = max(MAX_LOOKAHEAD, schedule.lookahead)
+        self.adaptive_lookahead = AdaptiveLookahead.start(schedule)
         self.stop: DraftStop | None = schedule.stop if schedule.stop.enabled else None
         self.max_length = max_length
         self.stats = stats
@@ -138,42 +160,94 @@ class HeterogeneousProposer:
         self.stats.drafter_forwards += self.context.forwards - forwards
         return fed
 
+    @property
+    def truncated_tokens(self) -> int:
+        """Drafter tokens dropped to fit the drafter's maximum context (:class:`PrefillingProposer`)."""
+        return self.context.truncated_tokens
+
+    @property
+    def drafter_device(self) -> torch.device:
+        """Where the drafter runs."""
+        return self.context.device
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Drafter tokens not yet in the drafter's KV cache."""
+        return len(self.context.ids) - self.context.cache.get_seq_length()
+
     def _propose(self, budget: int) -> Draft:
         """Draft up to ``budget`` target tokens."""
         raise NotImplementedError
 
+    @property
+    def lookahead(self) -> int:
+        """Drafter tokens of the next draft (:class:`~hf_hetspec.schedule.AdaptiveLookahead`)."""
+        return self.adaptive_lookahead.value
+
+    @lookahead.setter
+    def lookahead(self, value: int) -> None:
+        self.adaptive_lookahead.value = value
+
     def update_schedule(self, num_accepted: int) -> None:
-        """Adapt the lookahead after a verification that accepted ``num_accepted`` draft tokens: +2 after a
-        fully accepted draft, -1 otherwise, not below the schedule's floor (when the schedule is adaptive)."""
-        if not self.adaptive or self._last_draft_len == 0:
-            return
-        if num_accepted >= self._last_draft_len:
-            self.lookahead = min(self.lookahead + 2, self.max_lookahead)
-        else:
-            self.lookahead = max(self.min_lookahead, self.lookahead - 1)
+        """Adapt the lookahead after a verification that accepted ``num_accepted`` draft tokens
+        (:meth:`hf_hetspec.schedule.AdaptiveLookahead.update`)."""
+        self.adaptive_lookahead.update(self._last_draft_len, num_accepted)
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """How TLI and SLRS pick each draft token and what they hand to verification; decided once per call by
+    :func:`hf_hetspec.plan.choose_draft_policy` (``None`` for SLEM, which always drafts the argmax).
+
+    Attributes:
+        sample: draw each draft token from ``q`` (Timor et al. 2025, Algorithms 3 and 4); ``False``: the
+            drafter's argmax (over the intersection for TLI, of ``psi`` for SLRS). Speculative sampling is
+            exact for any ``q`` the draft really came from (Leviathan et al. 2023, Thm. 1): this changes speed
+            only.
+        warpers: the call's vocabulary-independent warpers for the drafter's logits (temperature, top-k,
+            top-p; a positive ``hetspec_draft_temperature`` replaces the call's temperature), applied before
+            ``q`` is formed; empty for a greedy call. The target's id-indexed processors never touch the
+            drafter.
+        needs_q: the call samples, so each draft is verified by speculative sampling against the
+            distribution it was drawn from (one-hot for an argmax draft); ``False``: exact match, no ``q``.
+    """
+
+    sample: bool = False
+    warpers: LogitsProcessorList = field(default_factory=LogitsProcessorList)
+    needs_q: bool = False
+
+
+@dataclass
+class DraftStep:
+    """One token-level draft token.
+
+    Attributes:
+        target: the proposed target id.
+        drafter: the drafter id it came from (``None``: SLRS's argmax of ``psi`` spelled by no drafter token).
+        proposal (``torch.FloatTensor`` of shape ``(1, V_target)``, or ``None``): the distribution ``target`` was
+            drawn from (TLI's push-forward ``q``, SLRS's ``psi``), when it was computed.
+    """
+
+    target: int
+    drafter: int | None
+    proposal: torch.Tensor | None = None
 
 
 class TokenLevelProposer(HeterogeneousProposer):
-    """Base of TLI and SLRS: each drafter token proposes one target token through a fixed map.
+    """Base of TLI and SLRS: each drafter token proposes one target token through a fixed map, and both draft
+    through the one loop of :meth:`_propose`; each algorithm says only how a token is chosen
+    (:meth:`_choose`) and how the drafter continues after it (:meth:`_continue`).
 
     Args:
         drafter_to_target (``torch.LongTensor`` of shape ``(V_drafter,)``): the map; drafter ids mapped to
             ``-1`` are never drafted (their logits are masked before sampling).
         target_size: ``V_target`` (rows of the target's LM head).
-        sampling: verify by speculative sampling (``do_sample=True``), else by exact match.
-        greedy_draft: with ``sampling``, draft the drafter's argmax instead of a sample of ``q``; the draft is
-            then deterministic given the context, ``q`` is one-hot at the drafted token and a draft token ``x``
-            is accepted with probability ``p(x)`` -- the same acceptance as exact-match sampling (SLEM).
-            Speculative sampling is exact for any ``q`` the draft really came from (Leviathan et al. 2023,
-            Thm. 1), so this only changes speed. Ignored without ``sampling`` (drafts are greedy then).
-        drafter_processors: vocabulary-independent warpers for the drafter's logits (temperature, top-k,
-            top-p of the call); the target's id-indexed processors never touch the drafter.
+        policy: argmax or sample, the warpers, whether a ``q`` is handed over (:class:`DraftPolicy`).
         generator: randomness for drafting, on the drafter's device (``None`` = global RNG).
-        target_eos_ids: a draft ends after the first of these.
+        target_eos_ids: a draft ends after the first of these (nothing is generated after an accepted EOS).
         prune_head: compute the drafter's logits only for the mapped drafter ids
             (:meth:`~hf_hetspec.drafter.DrafterContext.restrict_head`) -- exact when unmapped ids are never
-            drafted anyway (TLI). ``map`` and ``mask`` are then indexed by the kept rows' columns, and
-            :meth:`~hf_hetspec.drafter.DrafterContext.draft` turns a chosen column into its drafter id.
+            drafted anyway (TLI). ``map`` and ``mask`` are then indexed by the kept rows' columns.
         other arguments: as :class:`HeterogeneousProposer`.
     """
 
@@ -186,9 +260,7 @@ class TokenLevelProposer(HeterogeneousProposer):
         *,
         drafter_to_target: torch.Tensor,
         target_size: int,
-        sampling: bool,
-        greedy_draft: bool = False,
-        drafter_processors: LogitsProcessorList | None = None,
+        policy: DraftPolicy,
         generator: torch.Generator | None = None,
         target_eos_ids: list[int] | None = None,
         prune_head: bool = False,
@@ -200,29 +272,29 @@ class TokenLevelProposer(HeterogeneousProposer):
         self.map_list = mapped.tolist()  # indexed by drafter id
         # columns of the drafter's logits: every drafter id, or only the mapped ones with a pruned LM head
         kept = (mapped >= 0).nonzero().squeeze(1)
+        self.columns: list[int] | None = None  # drafter id per column when the head is pruned
         if prune_head and self.context.restrict_head(kept):
             self.stats.drafter_head_rows = int(kept.numel())
+            self.columns = kept.tolist()
             mapped = mapped[kept]
         self.map = mapped.to(device)  # [columns] -> target id
         self.restrict = IntersectionLogitsProcessor(mapped.to(device))  # unmapped columns -> -inf
         self.target_size = target_size
-        self.sampling = sampling
-        self.greedy_draft = greedy_draft or not sampling
-        self.processors = drafter_processors or LogitsProcessorList()
+        self.policy = policy
         self.generator = generator
         self.target_eos = set(target_eos_ids or [])
 
     def drafter_distribution(self, logits: torch.Tensor) -> torch.Tensor:
         """``q``: the distribution drafts are drawn from (``(1, columns)``), from the drafter's logits:
-        unmapped ids masked, then (when sampling) the call's warpers, then softmax. The call's warpers
-        (temperature, top-k, top-p) give the same ``q`` whether unmapped ids are masked or pruned away."""
+        unmapped ids masked, then the policy's warpers, then softmax. The call's warpers (temperature, top-k,
+        top-p) give the same ``q`` whether unmapped ids are masked or pruned away."""
         scores = self.restrict(None, logits)
-        if self.sampling and len(self.processors):
-            scores = self.processors(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
+        if len(self.policy.warpers):
+            scores = self.policy.warpers(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
         return scores.softmax(dim=-1)
 
     def one_hot_q(self, targets: list[int]) -> torch.Tensor:
-        """``q`` of greedy drafts, ``(k, V_target)`` on the drafter's device: 1 at each drafted target id, 0
+        """``q`` of argmax drafts, ``(k, V_target)`` on the drafter's device: 1 at each drafted target id, 0
         elsewhere (the draft was certain to be that token)."""
         q = torch.zeros(len(targets), self.target_size, device=self.context.device)
         q[torch.arange(len(targets), device=q.device), torch.tensor(targets, device=q.device)] = 1.0
@@ -232,3 +304,47 @@ class TokenLevelProposer(HeterogeneousProposer):
         """Drafter tokens in the next draft: one target token per drafter token, so never more than can be
         verified (``budget``) or than the drafter's context holds."""
         return min(self.lookahead, budget, self.context.room())
+
+    def _propose(self, budget: int) -> Draft:
+        """The draft loop of TLI and SLRS: choose a token, stop after the target's EOS or when the confidence
+        stop says so (:class:`~hf_hetspec.schedule.DraftStop`, on the proposal probability of the drafted
+        target token: TLI's ``q(t)``, SLRS's ``psi(t)``), else let the drafter continue from it."""
+        n_tokens = self.token_level_length(budget)
+        if n_tokens < 1:
+            raise DrafterContextFull(f"the drafter holds at most {self.context.capacity} positions")
+        steps: list[DraftStep] = []
+        joint = 1.0
+        for _ in range(n_tokens):
+            with self.stats.timer("drafter_s"):
+                logits = self.context.next_logits()  # [1, columns]
+                step = self._choose(logits)
+                steps.append(step)
+                if self.stop is not None:
+                    confidence = self._confidence(logits, step)
+                    joint *= confidence
+            if step.target in self.target_eos or (self.stop is not None and self.stop.ends(confidence, joint)):
+                break  # the drafter's context catches up on the proposed text at the next sync
+            with self.stats.timer("translation_s"):
+                if not self._continue(step):
+                    break
+        targets = [step.target for step in steps]
+        if not self.policy.needs_q or not targets:
+            return Draft(targets)
+        if not self.policy.sample:
+            return Draft(targets, self.one_hot_q(targets))
+        return Draft(targets, torch.cat([step.proposal for step in steps], dim=0))  # [k, V_target]
+
+    def _choose(self, logits: torch.Tensor) -> DraftStep:
+        """The next draft token from the drafter's next-token logits (``(1, columns)``)."""
+        raise NotImplementedError
+
+    def _continue(self, step: DraftStep) -> bool:
+        """Extend the drafter's context by ``step``'s token; ``False`` when it cannot continue from it."""
+        raise NotImplementedError
+
+    def _confidence(self, logits: torch.Tensor, step: DraftStep) -> float:
+        """The proposal probability of ``step``'s target token (only computed when a stop is set)."""
+        proposal = step.proposal
+        if proposal is None:
+            proposal = push_forward(self.drafter_distribution(logits), self.map, self.target_size)
+        return float(proposal[0, step.target])

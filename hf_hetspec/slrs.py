@@ -35,36 +35,40 @@ and ``q`` is renormalized, which keeps ``psi`` exactly the distribution of the p
 
 Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to the target alone); the drafter
 then reads the spelling of ``argmax psi`` it prefers (:meth:`SLRSProposer.continuation_id`). By default
-with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled
+with different vocabularies (:class:`~hf_hetspec.proposer.DraftPolicy`,
+:data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled
 call drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
 from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
-from .intersection import push_forward
-from .proposer import Draft, TokenLevelProposer
+from .intersection import push_forward, remembered
+from .proposer import DraftStep, TokenLevelProposer
 
 
-_EXACT_CACHE: dict[tuple[str, str], dict[int, list[int]]] = {}
+_EXACT_CACHE: "OrderedDict[tuple[str, str], dict[int, list[int]]]" = OrderedDict()
 
 
 def _exact_drafter_ids(target_vocab, drafter_vocab, prefix_map: list[int]) -> dict[int, list[int]]:
     """``{target id: drafter ids}`` of the drafter tokens whose prefix-map image spells exactly their bytes,
     ascending; several when the drafter spells the same bytes twice (Gemma-3's byte-fallback ``<0x2C>`` and
     its ``,``). Built once per vocabulary pair (a Python pass over the drafter vocabulary, 0.05-0.2 s for the
-    real vocabularies)."""
-    key = (target_vocab.digest, drafter_vocab.digest)
-    if key not in _EXACT_CACHE:
+    real vocabularies) and kept for the last few pairs (:func:`~hf_hetspec.intersection.remembered`)."""
+
+    def build() -> dict[int, list[int]]:
         exact: dict[int, list[int]] = {}
         tb_target, tb_drafter = target_vocab.token_bytes, drafter_vocab.token_bytes
         for d_id, t_id in enumerate(prefix_map):
             if t_id >= 0 and tb_drafter[d_id] == tb_target[t_id]:
                 exact.setdefault(t_id, []).append(d_id)
-        _EXACT_CACHE[key] = exact
-    return _EXACT_CACHE[key]
+        return exact
+
+    return remembered(_EXACT_CACHE, (target_vocab.digest, drafter_vocab.digest), build)
 
 
 class SLRSProposer(TokenLevelProposer):
@@ -81,7 +85,7 @@ class SLRSProposer(TokenLevelProposer):
         # greedy: the drafter tokens spelling exactly the proposed target token, to continue without
         # re-tokenizing (sampling knows the drafter token it drew)
         self.exact_drafter_ids = {}
-        if self.greedy_draft:
+        if not self.policy.sample:
             self.exact_drafter_ids = _exact_drafter_ids(target_vocab, drafter_vocab, self.map_list)
 
     def _psi(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,39 +113,23 @@ class SLRSProposer(TokenLevelProposer):
             return ids[0]
         return ids[int(logits[0, ids].argmax())]
 
-    def _propose(self, budget: int) -> Draft:
-        targets: list[int] = []
-        psis: list[torch.Tensor] = []
+    def _choose(self, logits: torch.Tensor) -> DraftStep:
+        q, psi = self._psi(logits)
+        if self.policy.sample:
+            d = int(torch.multinomial(q[0], 1, generator=self.generator))
+            return DraftStep(self.map_list[d], d, psi)
+        t = int(psi[0].argmax())
+        return DraftStep(t, self.continuation_id(logits, t), psi)
+
+    def _continue(self, step: DraftStep) -> bool:
+        t, d = step.target, step.drafter
         tb_target, tb_drafter = self.target_vocab.token_bytes, self.drafter_vocab.token_bytes
-        joint = 1.0
-        for _ in range(self.token_level_length(budget)):
-            with self.stats.timer("drafter_s"):
-                logits = self.context.next_logits()
-                q, psi = self._psi(logits)
-                if not self.greedy_draft:
-                    d = int(torch.multinomial(q[0], 1, generator=self.generator))
-                    t = self.map_list[d]
-                    psis.append(psi)
-                    confidence = float(q[0, d])
-                else:
-                    t = int(psi[0].argmax())
-                    d = self.continuation_id(logits, t)
-                    confidence = float(psi[0, t])
-            targets.append(t)
-            joint *= confidence
-            if t in self.target_eos or (self.stop is not None and self.stop.ends(confidence, joint)):
-                break  # the drafter's context catches up on the proposed text at the next sync
-            with self.stats.timer("translation_s"):
-                if d is not None and tb_drafter[d] == tb_target[t]:
-                    self.context.append_id(d)
-                    continue
-                try:
-                    text = tb_target[t].decode("utf-8")
-                except UnicodeDecodeError:
-                    break  # t ends inside a character: the drafter cannot continue from its text
-                self.context.append_text(text)
-        if not self.sampling or not targets:
-            return Draft(targets)
-        if self.greedy_draft:
-            return Draft(targets, self.one_hot_q(targets))
-        return Draft(targets, torch.cat(psis, dim=0))  # [k, V_target]
+        if d is not None and tb_drafter[d] == tb_target[t]:
+            self.context.append_id(d)
+            return True
+        try:
+            text = tb_target[t].decode("utf-8")
+        except UnicodeDecodeError:
+            return False  # t ends inside a character: the drafter cannot continue from its text
+        self.context.append_text(text)
+        return True

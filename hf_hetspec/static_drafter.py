@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from .compat import output_cache_kwargs
+from .compat import model_device, output_cache_kwargs
 
 #: Positions allocated for a new cache (grown by doubling up to the drafter's maximum context).
 INITIAL_POSITIONS = 512
@@ -503,7 +503,7 @@ def build(model: PreTrainedModel, capacity: int | None) -> tuple[StaticCacheDraf
     if why:
         return None, why
     drafter = StaticCacheDrafter(model, capacity).eval()
-    device = model.get_input_embeddings().weight.device
+    device = model_device(model)
     ids = torch.arange(3, 12, device=device)[None] % model.get_input_embeddings().weight.shape[0]
     cache = drafter.new_cache()
     mine = [drafter(ids[:, :6], cache).logits[0, -1], drafter(ids[:, 6:7], cache).logits[0, -1],
@@ -528,7 +528,7 @@ def warm_up_compiled(drafter: StaticCacheDrafter, mode: str | None) -> str:
     Raises:
         whatever ``torch.compile`` raises when it cannot compile (no C++ compiler, no Triton, ...).
     """
-    device = drafter.get_input_embeddings().weight.device
+    device = model_device(drafter)
     ids = torch.arange(3, 12, device=device)[None] % drafter.get_input_embeddings().weight.shape[0]
     cache = drafter.new_cache()
     want = [drafter(ids[:, : n], cache).logits[0, -1].clone() for n in (6,)]

@@ -8,9 +8,9 @@ bytes. The distribution handed to verification is the push-forward ``q(t) = sum_
 over the target vocabulary -- exactly the distribution ``map(d)`` was drawn from -- so standard speculative
 sampling (:func:`~hf_hetspec.verify.verify_speculative_sampling`, Leviathan et al. 2023, Alg. 1) keeps the
 target's distribution. Greedy TLI drafts the argmax over the intersection and is verified by exact match.
-By default with different vocabularies (``greedy_draft``, :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`)
-a sampled call drafts that argmax too and verifies it by speculative sampling with the one-hot ``q`` it was
-drawn from; a positive ``hetspec_draft_temperature`` samples ``q`` as above.
+By default with different vocabularies (:class:`~hf_hetspec.proposer.DraftPolicy`,
+:data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled call drafts that argmax too and verifies it by
+speculative sampling with the one-hot ``q`` it was drawn from; a positive ``hetspec_draft_temperature`` samples ``q`` as above.
 
 Since tokens outside the intersection are never drafted, their logits are not computed: the drafter's LM
 head is restricted to the intersection's rows (:class:`~hf_hetspec.drafter.PrunedHead`), which leaves ``q``
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .intersection import VocabularyIntersection, push_forward
-from .proposer import Draft, TokenLevelProposer
+from .proposer import DraftStep, TokenLevelProposer
 
 
 class TLIProposer(TokenLevelProposer):
@@ -41,26 +41,19 @@ class TLIProposer(TokenLevelProposer):
 
     def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's choice from its next-token logits (``(1, C)``): the argmax over the intersection
-        (greedy drafts; no distribution), or a sample of ``q`` with ``q`` itself (``(1, C)``)."""
-        if self.greedy_draft:
+        (no distribution), or a sample of ``q`` with ``q`` itself (``(1, C)``), as the policy says."""
+        if not self.policy.sample:
             return self.restrict(None, logits).argmax(dim=-1, keepdim=True), None
         q = self.drafter_distribution(logits)
         return torch.multinomial(q, 1, generator=self.generator), q
 
-    def _propose(self, budget: int) -> Draft:
-        with self.stats.timer("drafter_s"):
-            steps = self.context.draft(self.token_level_length(budget), self.select, self.stop)
-        with self.stats.timer("translation_s"):
-            targets = [self.map_list[d] for d in steps.ids]
-            k = min(budget, len(targets))
-            for j in range(k):
-                if targets[j] in self.target_eos:  # nothing is generated after an accepted EOS
-                    k = j + 1
-                    break
-            if k < len(steps.ids):
-                self.context.discard_draft_after(k)
-            if not self.sampling or k == 0:
-                return Draft(targets[:k])
-            if self.greedy_draft:
-                return Draft(targets[:k], self.one_hot_q(targets[:k]))
-            return Draft(targets[:k], push_forward(torch.cat(steps.probs[:k], dim=0), self.map, self.target_size))
+    def _choose(self, logits: torch.Tensor) -> DraftStep:
+        column, q = self.select(logits)
+        column = int(column)
+        drafter_id = column if self.columns is None else self.columns[column]
+        proposal = None if q is None else push_forward(q, self.map, self.target_size)  # [1, V_target]
+        return DraftStep(self.map_list[drafter_id], drafter_id, proposal)
+
+    def _continue(self, step: DraftStep) -> bool:
+        self.context.append_id(step.drafter)  # a shared token: it spells exactly the proposed target token
+        return True

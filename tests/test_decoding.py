@@ -15,17 +15,13 @@ from hf_hetspec.stats import DecodingStats
 NEW_TOKENS = 24
 
 
-class _Context:
-    truncated_tokens = 0
-
-
 class ScriptedProposer:
     """Drafts from a fixed sequence: the reference continuation (``right`` tokens of it per draft) followed by
     ``wrong`` tokens that are not the reference's next ones."""
 
     def __init__(self, reference: list[int], right: int, wrong: int, vocab_size: int):
         self.reference, self.right, self.wrong, self.vocab_size = reference, right, wrong, vocab_size
-        self.context = _Context()
+        self.truncated_tokens = 0
         self.accepted_per_round = []
 
     def propose(self, input_ids: torch.LongTensor) -> Draft:
@@ -149,6 +145,8 @@ def test_the_drafter_prefills_on_a_second_thread_only_for_long_prompts_on_a_free
     class Proposer:
         def __init__(self, n):
             self.context = DrafterContext(toy_pair.drafter, _vocab(toy_pair), list(range(3, 3 + n)))
+            self.drafter_device = self.context.device
+            self.prefill_tokens = n
 
         def prefill_drafter(self):
             return self.context.prefill()

@@ -53,7 +53,7 @@ from hf_hetspec.slem import SLEMProposer
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.testing import verify_lossless
 from hf_hetspec.testing.toy import sentencepiece_bpe_tokenizer, tiny_causal_lm
-from hf_hetspec.tools.checker import compare_greedy
+from hf_hetspec.testing import compare_greedy
 
 ALGORITHMS = ["slem", "tli", "slrs"]
 REAL_PAIRS = {

@@ -126,6 +126,21 @@ def test_stats_follow_the_documented_conventions(toy_pair):
                                 "mean_accepted_per_forward", "drafter_s", "target_s", "translation_s"}
 
 
+def test_translation_time_is_counted_once(toy_pair, monkeypatch):
+    """Issue #25: the drafter's prompt conversion ran under two nested ``translation_s`` timers (the call's and
+    the proposer's), so its time was added twice."""
+    convert = hf_hetspec.proposer.drafter_prompt_ids
+
+    def slow_convert(*args):
+        time.sleep(0.3)
+        return convert(*args)
+
+    monkeypatch.setattr(hf_hetspec.proposer, "drafter_prompt_ids", slow_convert)
+    _hetspec(toy_pair, _ids(toy_pair, toy_pair.prompts[0]), max_new_tokens=3, do_sample=False)
+    s = hf_hetspec.last_stats(toy_pair.target)
+    assert 0.3 <= s.translation_s < 0.55  # twice would be >= 0.6
+
+
 @pytest.mark.parametrize("text", ["trailing spaces   ", "混合 text: 数学 🙂👍🏽 café"])
 def test_rejections_and_alpha(toy_pair, text):
     """Off-corpus prompts, where the toy models disagree: a round's verification rejects at most once; alpha

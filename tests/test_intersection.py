@@ -77,3 +77,18 @@ def test_the_disk_cache_returns_the_same_maps(tables, tmp_path, monkeypatch):
     cached = intersection_for(target, drafter)
     assert torch.equal(fresh.drafter_to_target, cached.drafter_to_target)
     assert torch.equal(prefix_map_for(target, drafter), prefix_map_for(target, drafter, use_cache=False))
+
+
+def test_the_memory_keeps_only_the_last_pairs(tmp_path, monkeypatch):
+    """Issue #25: the in-memory copy of the maps grew with every pair a process met."""
+    from hf_hetspec import intersection
+
+    monkeypatch.setenv("HF_HETSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(intersection, "_MEMORY", type(intersection._MEMORY)())
+    builds = []
+    for i in range(intersection.MEMORY_PAIRS + 3):
+        intersection._cached(f"pair-{i}", lambda i=i: builds.append(i) or {"map": torch.tensor([i])})
+    assert len(intersection._MEMORY) == intersection.MEMORY_PAIRS
+    last = f"pair-{intersection.MEMORY_PAIRS + 2}"
+    assert list(intersection._MEMORY)[-1] == last
+    assert intersection._cached(last, lambda: pytest.fail("rebuilt a remembered map"))["map"].item() == len(builds) - 1

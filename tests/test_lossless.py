@@ -324,19 +324,15 @@ def test_tli_never_accepts_where_the_drafter_prefers_an_unshared_token(real_pair
 @pytest.mark.parametrize("pair_name", ["toy_pair", "toy_pair_reversed"])
 @pytest.mark.parametrize("algorithm", [a for a in hf_hetspec.ALGORITHMS if a not in ("auto", "slem")])
 def test_other_algorithms_are_lossless(request, algorithm, pair_name):
-    """Every other algorithm name, as soon as it is implemented (skipped while it raises NotImplementedError).
+    """Every other algorithm name (all are implemented: a NotImplementedError fails the test).
 
     On ``toy_pair`` the drafter's top tokens are all shared with the target, so TLI and SLRS coincide there;
     on ``toy_pair_reversed`` (prompt of four spaces) SLRS proposes target tokens that are proper prefixes of
     the drafter's and accepts them, while TLI's drafts are never accepted (only its rejection path runs).
     """
     pair = request.getfixturevalue(pair_name)
-    try:
-        report = verify_lossless(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
-                                 _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=400, seed=0, alpha=ALPHA,
-                                 **T07)
-    except NotImplementedError as err:
-        pytest.skip(f"{algorithm}: {err}")
+    report = verify_lossless(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
+                             _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=400, seed=0, alpha=ALPHA, **T07)
     _assert_passes(report)
     if pair_name == "toy_pair":
         assert report.acceptance_rate > 0
@@ -412,11 +408,8 @@ def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, mon
     assert torch.allclose(residual_distribution(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])),
                           torch.tensor([0.0, 1.0]))
     monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
-    try:
-        report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500,
-                                    **_draft_kwargs(draft, T1["temperature"]), **T1)
-    except NotImplementedError as err:
-        pytest.skip(f"tli: {err}")
+    report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500,
+                                **_draft_kwargs(draft, T1["temperature"]), **T1)
     _assert_rejected(report)
 
 

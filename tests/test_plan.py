@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -33,6 +34,10 @@ from hf_hetspec.plan import (
 def test_auto_rule(identical, do_sample, expected):
     algorithm, reason = choose_algorithm("auto", identical=identical, do_sample=do_sample, drafter_share=0.5)
     assert algorithm == expected and reason
+    # issue #25: a measured number in a message goes stale (it said 1.1-1.3x where the README had 1.8x)
+    assert not re.search(r"\d(\.\d+)?x\b", reason), reason
+    if "measured" in reason:
+        assert "docs/results.md" in reason
 
 
 @pytest.mark.parametrize("requested", ["slem", "tli", "slrs"])
@@ -287,3 +292,27 @@ def test_lengths_nobody_set_keep_their_plain_meaning(toy_pair, caplog):
         hetspec_generate(toy_pair, ids, "slem", do_sample=False, max_new_tokens=5)
     assert out.tolist() == expected.tolist()
     assert "seem to have been set" not in caplog.text
+
+
+def test_the_schedule_is_that_of_the_runtime_that_runs(toy_pair, monkeypatch):
+    """Issue #25: when ``auto``'s int8 copy failed and the eager drafter ran, SLEM kept the int8 schedule
+    (0.2/16 instead of 0.35/12): the plan resolved the runtime before the fallback."""
+    import weakref
+
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)  # auto picks int8-static for the toy drafter
+    monkeypatch.setattr(runtime, "_PREPARED", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(runtime, "_make_copy", lambda drafter, resolved, version: runtime._Copy(
+        version, None, resolved, problem="RuntimeError: simulated failure of the int8 copy"))
+    ids = toy_pair.target_tokenizer("def add(a, b):", return_tensors="pt").input_ids
+    _hetspec(toy_pair, ids, "slem", max_new_tokens=12, do_sample=False)
+    stats = hf_hetspec.last_stats(toy_pair.target)
+    assert stats.drafter_runtime == "eager" and "simulated failure" in stats.note
+    eager = plan.SLEM_DEFAULTS["eager"]
+    assert eager != plan.SLEM_DEFAULTS["int8-static"]
+    assert stats.lookaheads and set(stats.lookaheads) == {eager.max_lookahead}
+    call = {"inputs": ids, "assistant_model": toy_pair.drafter}
+    kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer,
+              "max_new_tokens": 4}
+    decided = plan.make_plan(toy_pair.target, call, kwargs, plan.HetspecArguments("slem"))
+    assert decided.drafter.runtime == "eager" and decided.drafter.model is toy_pair.drafter
+    assert decided.schedule == choose_schedule("slem", drafter_runtime="eager")

@@ -35,8 +35,11 @@ def _ids(pair, text):
 
 def _hetspec(pair, ids, drafter=None, **kwargs):
     hf_hetspec.enable(pair.target)
-    out = pair.target.generate(ids, assistant_model=drafter or pair.drafter, tokenizer=pair.target_tokenizer,
-                               assistant_tokenizer=pair.drafter_tokenizer, **kwargs)
+    try:  # the target is shared by the session: left enabled, it broke test_custom_generate after this file
+        out = pair.target.generate(ids, assistant_model=drafter or pair.drafter, tokenizer=pair.target_tokenizer,
+                                   assistant_tokenizer=pair.drafter_tokenizer, **kwargs)
+    finally:
+        hf_hetspec.disable(pair.target)
     return out, hf_hetspec.last_stats(pair.target)
 
 
@@ -189,8 +192,11 @@ def test_unknown_runtime_is_refused_before_any_work(toy_pair, value):
 
 def test_runtime_without_a_drafter_is_refused(toy_pair):
     hf_hetspec.enable(toy_pair.target)
-    with pytest.raises(ValueError, match="hetspec_drafter.*without `assistant_model`"):
-        toy_pair.target.generate(_ids(toy_pair, "the"), hetspec_drafter="int8", max_new_tokens=2)
+    try:
+        with pytest.raises(ValueError, match="hetspec_drafter.*without `assistant_model`"):
+            toy_pair.target.generate(_ids(toy_pair, "the"), hetspec_drafter="int8", max_new_tokens=2)
+    finally:
+        hf_hetspec.disable(toy_pair.target)
 
 
 def test_stats_report_the_drafter_step_and_the_cost_ratio(toy_pair):

@@ -9,6 +9,7 @@ import torch
 from hf_hetspec.alignment import vocabulary
 from hf_hetspec.intersection import prefix_map_for
 from hf_hetspec.plan import Schedule
+from hf_hetspec.proposer import DraftPolicy
 from hf_hetspec.slrs import SLRSProposer
 from hf_hetspec.stats import DecodingStats
 
@@ -21,7 +22,7 @@ def _greedy_slrs(pair) -> SLRSProposer:
     target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
     return SLRSProposer(target_vocab, pair.drafter, drafter_vocab, _prompt_ids(pair),
                         prefix_map=prefix_map_for(target_vocab, drafter_vocab), target_size=len(target_vocab),
-                        sampling=False, schedule=Schedule(1, False), max_length=64, stats=DecodingStats())
+                        policy=DraftPolicy(), schedule=Schedule(1, False), max_length=64, stats=DecodingStats())
 
 
 def _duplicate_spelling(proposer: SLRSProposer) -> tuple[int, int, int]:
@@ -56,3 +57,16 @@ def test_greedy_slrs_feeds_the_drafter_the_spelling_it_prefers(toy_pair, monkeyp
     assert draft.target_ids == [t]
     assert proposer.context.ids[-1] == fed
 
+
+def test_the_exact_spellings_are_kept_for_the_last_pairs_only(monkeypatch):
+    """Issue #25: ``_exact_drafter_ids`` kept every vocabulary pair a process met."""
+    from types import SimpleNamespace
+
+    from hf_hetspec import intersection, slrs
+
+    monkeypatch.setattr(slrs, "_EXACT_CACHE", type(slrs._EXACT_CACHE)())
+    target = SimpleNamespace(digest="t", token_bytes=[b"a", b"b"])
+    for i in range(intersection.MEMORY_PAIRS + 3):
+        drafter = SimpleNamespace(digest=f"d{i}", token_bytes=[b"a", b"ab", b"b"])
+        assert slrs._exact_drafter_ids(target, drafter, [0, 0, 1]) == {0: [0], 1: [2]}
+    assert len(slrs._EXACT_CACHE) == intersection.MEMORY_PAIRS

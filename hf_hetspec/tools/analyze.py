@@ -44,7 +44,8 @@ import torch
 from ..agreement import conversion_agreement
 from ..alignment import vocabulary
 from ..intersection import VocabularyIntersection, intersection_for
-from ..plan import choose_algorithm, choose_schedule
+from ..plan import choose_algorithm
+from ..schedule import choose_schedule
 from ..proposer import MAX_LOOKAHEAD
 from . import zoo
 from .common import DTYPES, CLIError, check_model_argument, console, default_device, load_model, set_threads
@@ -504,7 +505,7 @@ def recommend(analysis: PairAnalysis, do_sample: bool, *, acceptance_rate: float
 
     Lookahead: with a measured ``acceptance_rate`` and ``cost_ratio`` (drafter step / target step, e.g. from
     ``hf-hetspec bench``), the ``k`` maximizing Leviathan et al.'s expected speedup; otherwise the first
-    draft length of the algorithm's default schedule (:func:`hf_hetspec.plan.choose_schedule`).
+    draft length of the algorithm's default schedule (:func:`hf_hetspec.schedule.choose_schedule`).
 
     Returns:
         ``(algorithm, lookahead, reason)`` with ``algorithm`` one of ``"slem"``, ``"tli"``, ``"slrs"``.
@@ -521,7 +522,7 @@ def recommend(analysis: PairAnalysis, do_sample: bool, *, acceptance_rate: float
         why_k = (f"lookahead {lookahead} is where the default schedule starts" if schedule.adaptive
                  else f"drafts of up to {lookahead} drafter tokens, ended by the drafter's joint confidence")
         why_k += (" with an eager drafter (no measured acceptance rate; the default CPU runtime, int8-static, "
-                  "drafts longer: hf_hetspec.plan.SLEM_DEFAULTS and TOKEN_LEVEL_FLOORS)")
+                  "drafts longer: hf_hetspec.schedule.SLEM_DEFAULTS and TOKEN_LEVEL_FLOORS)")
     return algorithm, lookahead, f"{why}; {why_k}"
 
 

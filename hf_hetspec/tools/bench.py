@@ -24,7 +24,7 @@ tokens/s in the same task and temperature of the same run; TTFT (mean) and TPOT
 (``sum(seconds - TTFT) / sum(new_tokens - 1)``) in ms; acceptance rate = accepted / drafted target tokens;
 tokens per target forward (bonus token included); hf_hetspec's drafter / target / translation seconds;
 peak memory (MiB, the largest of the task's calls); greedy verdicts vs the target alone
-(:func:`hf_hetspec.tools.checker.compare_greedy`).
+(:func:`hf_hetspec.testing.compare_greedy`).
 
 Theoretical bound (:func:`expected_speedup`, Leviathan et al., 2023, Theorem 3.8): with ``alpha`` Leviathan's
 acceptance rate estimated as accepted / (accepted + rejections) (the drafted tokens verification reached; the

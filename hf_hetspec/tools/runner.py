@@ -49,8 +49,9 @@ import torch
 
 from .. import integration
 from ..compat import cache_from_kwargs, cache_kwargs, output_cache
+from ..drafter import model_device
 from ..stats import DecodingStats, acceptance_rate, alpha
-from .checker import GreedyComparison, compare_greedy
+from ..testing.greedy import GreedyComparison, compare_greedy
 
 METHODS = ("target", "transformers", "hf_hetspec")
 #: hf_hetspec's algorithms run inside transformers' own ``_assisted_decoding`` (``hetspec_loop="transformers"``).
@@ -285,7 +286,7 @@ def step_seconds(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
         raise ValueError(
             f"step_seconds needs repeats >= 1 and a non-empty prompt; got {repeats}, {tuple(input_ids.shape)}"
         )
-    device = model.get_input_embeddings().weight.device
+    device = model_device(model)
     out = model(input_ids=input_ids.to(device), use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
     token = out.logits[:, -1:].argmax(-1)  # [1, 1]
@@ -320,6 +321,8 @@ class Runner:
         drafter_runtime: hf_hetspec's ``hetspec_drafter`` (:mod:`hf_hetspec.runtime`); transformers' methods
             always run the drafter as loaded.
         verification: hf_hetspec's ``hetspec_verification`` (``"block"``: TLI and SLRS sampling only).
+        schedule: hf_hetspec's ``hetspec_schedule`` (a :class:`hf_hetspec.Schedule`; ``None``: the default for
+            the algorithm and the drafter runtime).
     """
 
     target: object
@@ -338,6 +341,7 @@ class Runner:
     homogeneous_drafter: object = None
     drafter_runtime: str = "auto"
     verification: str = "token"
+    schedule: object = None
     device: torch.device = field(init=False)
 
     def __post_init__(self):
@@ -345,7 +349,7 @@ class Runner:
             self.builtin_drafter = self.drafter
         if self.builtin_drafter_tokenizer is None:
             self.builtin_drafter_tokenizer = self.drafter_tokenizer
-        self.device = self.target.get_input_embeddings().weight.device
+        self.device = model_device(self.target)
 
     def _decoding(self, max_new_tokens: int | None) -> dict:
         kwargs = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "do_sample": self.do_sample}
@@ -463,6 +467,7 @@ class Runner:
                     hetspec_algorithm=self.algorithm,
                     hetspec_drafter=self.drafter_runtime,
                     hetspec_verification=self.verification,
+                    hetspec_schedule=self.schedule,
                     hetspec_loop=loop,
                     streamer=streamer,
                     **randomness,

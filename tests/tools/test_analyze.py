@@ -30,6 +30,49 @@ from hf_hetspec.tools.analyze import (
 TEXTS = ["The lighthouse keeper climbed the stairs.", "def fibonacci(n: int) -> int:\n    return n\n"]
 
 
+def _gpt2_byte_of() -> dict[str, int]:
+    """The byte each character of the GPT-2 byte-level alphabet stands for: printable Latin-1 bytes as
+    themselves, the other 68 bytes as characters 256, 257, ... in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+def _spellings(tokenizer, byte_level: bool) -> list[bytes]:
+    """The bytes of every non-special token, read from the token strings alone (byte-level: the GPT-2
+    alphabet; SentencePiece: ``\u2581`` is a space, ``<0xNN>`` the byte NN)."""
+    byte_of = _gpt2_byte_of()
+    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()}
+    out = []
+    for token in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
+        if token in special:
+            continue
+        if byte_level:
+            out.append(bytes(byte_of[c] for c in token))
+        elif token.startswith("<0x") and token.endswith(">") and len(token) == 6:
+            out.append(bytes([int(token[3:5], 16)]))
+        else:
+            out.append(token.replace("\u2581", " ").encode())
+    return out
+
+
+def _toy_shared_counts() -> tuple[int, int]:
+    """Target and drafter ids of the toy pair with a counterpart, counted from the token strings: tokens
+    spelling the same bytes, plus the special tokens paired by role (EOS, BOS, PAD; the target's BOS and PAD
+    are one id)."""
+    target_tok, drafter_tok = toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer()
+    target, drafter = _spellings(target_tok, True), _spellings(drafter_tok, False)
+    roles = ("eos_token", "bos_token", "pad_token")
+    paired = [r for r in roles if getattr(target_tok, r) is not None and getattr(drafter_tok, r) is not None]
+    target_specials = {getattr(target_tok, r) for r in paired}
+    drafter_specials = {getattr(drafter_tok, r) for r in paired}
+    return (sum(b in set(drafter) for b in target) + len(target_specials),
+            sum(b in set(target) for b in drafter) + len(drafter_specials))
+
+
+SHARED_TARGET, SHARED_DRAFTER = _toy_shared_counts()
+
+
 class UniformOrPeaked(torch.nn.Module):
     """Stub causal LM: logits of width ``width``, all equal, or one id ``peak`` far above the rest."""
 
@@ -69,7 +112,7 @@ def test_transformers_count_equals_the_translator_transformers_builds_in_generat
     assert ours["target_tokens"] == ours["drafter_tokens"] == 246
     # the byte-exact rule also matches byte-fallback pieces and byte-level spellings of non-ASCII text
     inter = vocabulary_intersection(target_tok, drafter_tok)
-    assert (len(inter), inter.drafter_shared) == (445, 516)
+    assert (len(inter), inter.drafter_shared) == (SHARED_TARGET, SHARED_DRAFTER)
     eacute = drafter_tok.convert_tokens_to_ids("<0xC3>")
     assert inter.drafter_to_target[eacute] >= 0 and ours["drafter_to_target"][eacute] == -1
 
@@ -89,9 +132,9 @@ def test_mass_is_exact_on_stub_models(fresh_toy_tokenizers):
     width = 512  # padded logits: ids 483..511 spell nothing and are never shared
     analysis = analyze_pair(target_tok, drafter_tok, texts=TEXTS, target_model=UniformOrPeaked(width),
                             drafter_model=UniformOrPeaked(len(drafter_tok)))
-    assert analysis.target_mass_in_intersection == pytest.approx(445 / width, abs=1e-5)
+    assert analysis.target_mass_in_intersection == pytest.approx(SHARED_TARGET / width, abs=1e-5)
     assert analysis.target_mass_in_transformers_intersection == pytest.approx(246 / width, abs=1e-5)
-    assert analysis.drafter_mass_in_intersection == pytest.approx(516 / 600, abs=1e-5)
+    assert analysis.drafter_mass_in_intersection == pytest.approx(SHARED_DRAFTER / len(drafter_tok), abs=1e-5)
     n_target = sum(len(target_tok(t).input_ids) for t in TEXTS)
     assert analysis.target_positions == n_target
     assert analysis.parameter_ratio == pytest.approx(600 / 512)
@@ -221,7 +264,7 @@ def test_cli_json_equals_api(model_folders, capsys):
     texts = [t for _, t in analyze.sample_texts(2)]
     expected = analyze_pair(target_tok, drafter_tok, target_model=target_model, drafter_model=drafter_model,
                             texts=texts)
-    assert out["shared_target_tokens"] == expected.shared_target_tokens == 445
+    assert out["shared_target_tokens"] == expected.shared_target_tokens == SHARED_TARGET
     assert out["transformers_shared_drafter_tokens"] == 246
     assert out["target_mass_in_intersection"] == pytest.approx(expected.target_mass_in_intersection, abs=1e-6)
     assert out["texts"] == [name for name, _ in analyze.sample_texts(2)]
@@ -233,7 +276,7 @@ def test_cli_tokenizers_only_and_errors(model_folders, capsys):
     tokenizer_only, drafter = str(model_folders / "tokenizer_only"), str(model_folders / "drafter")
     assert cli.main(["analyze", tokenizer_only, drafter, "--no-mass", "--texts", "1"]) == 0
     out = capsys.readouterr().out
-    assert "445 target ids" in out and "not measured" in out and "recommended for greedy decoding: slem" in out
+    assert f"{SHARED_TARGET} target ids" in out and "not measured" in out and "recommended for greedy decoding: slem" in out
     assert cli.main(["analyze", tokenizer_only, drafter]) == 2
     assert "--no-mass" in capsys.readouterr().err
     assert cli.main(["analyze", tokenizer_only, drafter, "--texts", "0"]) == 2

@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 
 import hf_hetspec
 from conftest import save_toy_models
-from hf_hetspec.tools import cli, pairing, zoo
+from hf_hetspec.tools import cli, pairing, pairing_load, zoo
 from hf_hetspec.tools.pairing import PairingError
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # only copied, never decoded
@@ -225,7 +225,7 @@ def test_hub_path_reads_the_cache_and_fails_fast_offline(tmp_path, monkeypatch):
     with pytest.raises(PairingError, match="HF_HUB_OFFLINE"):
         pairing.load("someone/uncached-pairing")
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr(pairing, "_hub_reachable", lambda timeout=0: False)
+    monkeypatch.setattr(pairing_load, "_hub_reachable", lambda timeout=0: False)
     start = time.perf_counter()
     with pytest.raises(PairingError, match="unreachable"):
         pairing.load("someone/uncached-pairing")
@@ -323,3 +323,43 @@ def test_push_with_custom_generate_uploads_the_folder_in_the_same_commit(tmp_pat
     assert "custom_generate" not in settings and "trust_remote_code" not in settings
     assert card.data.to_dict()["hf_hetspec"]["settings"] == settings
     assert (folder / "README.md").read_bytes() == before and not (folder / "custom_generate").exists()
+
+
+def _laughs_header(levels: int = 9) -> str:
+    """A YAML header of about 1 KB whose aliases expand to 10^levels items ("billion laughs")."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    lines.append(f"hf_hetspec: *a{levels - 1}")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("card", ["aliases", "oversized"])
+def test_a_card_that_would_hang_its_reader_is_refused_within_a_second(tmp_path, monkeypatch, card):
+    """Issue #25: a Hub card is untrusted input; reading one must not take minutes or gigabytes."""
+    import signal
+
+    folder = tmp_path / "card"
+    folder.mkdir()
+    if card == "aliases":
+        (folder / "README.md").write_text(f"---\n{_laughs_header()}\n---\n# a card\n")
+        match = "anchors or aliases"
+    else:
+        (folder / "README.md").write_text("---\nlicense: mit\n---\n" + "x" * (pairing.MAX_CARD_BYTES + 1))
+        match = "at most"
+    monkeypatch.setattr(zoo, "load", lambda *a, **k: pytest.fail("a model loaded from a refused card"))
+
+    def too_slow(*_):
+        raise TimeoutError("the card's reader ran for more than 2 s")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    try:
+        for read in (pairing.read_card, pairing.load):
+            signal.setitimer(signal.ITIMER_REAL, 2.0)
+            began = time.perf_counter()
+            with pytest.raises(PairingError, match=match):
+                read(folder)
+            assert time.perf_counter() - began < 1.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

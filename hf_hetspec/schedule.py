@@ -1,0 +1,211 @@
+"""How long each draft is: one module, one value.
+
+A call's draft schedule is a frozen :class:`Schedule` (the first lookahead, whether it adapts, its floor, and the
+:class:`DraftStop` that ends a draft early from the drafter's confidence), decided once by
+:func:`choose_schedule` from the user's settings and the defaults of the drafter runtime that really runs
+(:data:`SLEM_DEFAULTS`, :data:`TOKEN_LEVEL_FLOORS`), or passed whole per call
+(``generate(hetspec_schedule=Schedule(...))``, checked by :func:`check_schedule`). While a call decodes,
+:class:`AdaptiveLookahead` holds the lookahead as transformers' +2/-1 rule moves it.
+
+None of this changes the output distribution: a schedule depends on the drafter alone, and speculative
+sampling is exact for any draft length fixed before verification (Leviathan et al. 2023, Thm. 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Where transformers' +2/-1 schedule starts (token-level drafting, or an explicit schedule without a length).
+DEFAULT_LOOKAHEAD = 5
+#: The longest draft any adaptive schedule grows to (drafter tokens).
+MAX_LOOKAHEAD = 16
+
+
+@dataclass(frozen=True)
+class DraftStop:
+    """When to end a draft before the lookahead is used up, from the drafter's own confidence.
+
+    The draft ends after a token whose drafter probability is below ``min_confidence`` (transformers'
+    ``assistant_confidence_threshold`` rule), or once the product of the drafted tokens' probabilities -- the
+    drafter's estimate that the whole draft is accepted -- falls below ``min_joint``. The second rule is a
+    cost rule: drafting one more token costs about ``c + v`` target forwards (``c`` = drafter step time /
+    target step time, ``v`` = what one more token adds to the verification forward) and adds at most that
+    product in expected accepted tokens, so drafting is worth it while the product exceeds ``c + v``
+    (Leviathan et al. 2023, Section 3.4, choose the draft length from the acceptance rate and the cost ratio;
+    here per draft, from the drafter's confidence). The drafter's confidence overstates the target's
+    agreement, so the tuned defaults (:data:`SLEM_DEFAULTS`, per drafter runtime) sit above ``c + v``.
+
+    Both decisions depend on the drafter alone, so they never change the output distribution: the number
+    of drafts is a stopping time of the drafter's randomness, and speculative sampling is exact for any
+    draft length fixed before verification.
+
+    Attributes:
+        min_confidence: per-token cut-off in ``[0, 1)`` (0 disables it).
+        min_joint: cut-off of the running product in ``[0, 1)`` (0 disables it).
+    """
+
+    min_confidence: float = 0.0
+    min_joint: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether either cut-off is set (a disabled stop costs no host sync per drafted token)."""
+        return self.min_confidence > 0.0 or self.min_joint > 0.0
+
+    def ends(self, confidence: float, joint: float) -> bool:
+        """Whether to end the draft after a token drafted with probability ``confidence``, ``joint`` being the
+        product of the probabilities of the draft so far, that token's included."""
+        return confidence < self.min_confidence or joint < self.min_joint
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long each draft is.
+
+    Attributes:
+        lookahead: drafter tokens per draft (the first draft's when ``adaptive``), >= 1.
+        adaptive: transformers' heuristic: +2 after a fully accepted draft, -1 otherwise, in
+            ``[min_lookahead, max(MAX_LOOKAHEAD, lookahead)]``.
+        stop: ends a draft early from the drafter's confidence (:class:`DraftStop`).
+        min_lookahead: the adaptive schedule's floor (transformers': 1).
+    """
+
+    lookahead: int
+    adaptive: bool
+    stop: DraftStop = field(default_factory=DraftStop)
+    min_lookahead: int = 1
+
+
+@dataclass(frozen=True)
+class SlemDefault:
+    """SLEM's default draft schedule: drafts of up to ``max_lookahead`` drafter tokens, each ended once the
+    drafter's probability that all of it is accepted falls below ``min_joint`` (:class:`DraftStop`)."""
+
+    min_joint: float
+    max_lookahead: int
+
+
+#: SLEM's default schedule per drafter runtime (:mod:`hf_hetspec.runtime`). Drafting one more token pays while
+#: its chance of acceptance exceeds what it costs, about the drafter's step c plus what it adds to the
+#: verification (0.03 target forwards), so a cheaper drafter step pays for longer drafts (Leviathan et al.
+#: 2023, Section 3.4). The drafter's confidence overstates how often the target agrees, so the thresholds that
+#: win sit above c + 0.03. Tuned with benchmarks/tune_schedule.py on HumanEval/20-29 (disjoint from the bench's
+#: HumanEval/0-9), SmolLM2-135M drafter, Qwen2.5-Coder-1.5B bf16 target, CPU (benchmarks/README.md):
+#:
+#: * eager drafters (c = 0.165): 0.35/12 ran 2.29x and 2.18x the target alone on the two halves; 0.2/32 2.02x,
+#:   0.5/32 2.18x, 0.5/12 2.22x;
+#: * int8 runtimes (c = 0.06-0.08): 0.2/16 ran 2.75x on HumanEval/20-24 against 2.36x for 0.35/12, 2.71x for
+#:   0.25/16 and 2.46x for 0.15/20.
+#:
+#: The compiled runtime (CUDA graphs on a GPU) gets the low-cost schedule by analogy: it exists to make the
+#: drafter's step cheap, and no GPU was available to tune it.
+SLEM_DEFAULTS: dict[str, SlemDefault] = {
+    "eager": SlemDefault(0.35, 12),
+    "float32": SlemDefault(0.35, 12),
+    "int8": SlemDefault(0.2, 16),
+    "int8-static": SlemDefault(0.2, 16),
+    "compiled": SlemDefault(0.2, 16),
+}
+#: TLI's and SLRS's default floor of the +2/-1 lookahead schedule per drafter runtime. Leviathan et al.'s
+#: expected speedup ``(1 - a^(k+1)) / ((1 - a)(1 + k (c + 0.03)))`` at the acceptance rate a = 0.6 of sampled
+#: code is best at k = 2 for an eager drafter (c = 0.2) and flat over k = 3-5 at c = 0.05, where k = 1 loses
+#: 13%; transformers' rule drops to 1 after a few rejections. Tuned with benchmarks/tune_schedule.py on
+#: HumanEval/20-26, T=1, int8-static SmolLM2 drafter (benchmarks/README.md): TLI ran 1.61x the target alone with
+#: the rule from 1, 1.83x / 1.80x / 1.78x with fixed lookaheads 3 / 4 / 5.
+TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8-static": 3, "compiled": 3}
+
+
+def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assistant_tokens: int | None = None,
+                    num_assistant_tokens_schedule: str | None = None,
+                    assistant_confidence_threshold: float | None = None) -> Schedule:
+    """The draft-length schedule from the user's explicit settings, else the algorithm's default.
+
+    ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
+    ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
+    per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` that
+    runs (the prepared drafter's, after any fallback; never ``"auto"``); TLI and SLRS follow transformers'
+    +2/-1 rule from ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence
+    stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs 1.26x; Gemma-3 greedy TLI 0.87x): a
+    drafter token the target would tokenize differently is rejected however sure the drafter is.
+
+    Raises:
+        ValueError: ``assistant_confidence_threshold`` outside ``[0, 1)``.
+    """
+    threshold = assistant_confidence_threshold
+    if threshold is not None and not (isinstance(threshold, (int, float)) and 0.0 <= threshold < 1.0):
+        raise ValueError(
+            f"assistant_confidence_threshold={threshold!r}: the drafter-confidence cut-off must be in [0, 1) "
+            "(0 disables it)."
+        )
+    min_confidence = float(threshold or 0.0)
+    if num_assistant_tokens is not None or num_assistant_tokens_schedule is not None:
+        lookahead = num_assistant_tokens if num_assistant_tokens is not None else DEFAULT_LOOKAHEAD
+        adaptive = num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
+        return Schedule(lookahead, adaptive, DraftStop(min_confidence))
+    if algorithm == "slem":
+        default = SLEM_DEFAULTS[drafter_runtime]
+        min_joint = default.min_joint if threshold is None else 0.0
+        return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
+    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime])
+
+
+def check_schedule(schedule, explicit: dict) -> Schedule:
+    """``generate(hetspec_schedule=...)`` checked; returns it.
+
+    Args:
+        schedule: the value passed.
+        explicit: transformers' schedule settings the call also gave (``num_assistant_tokens``,
+            ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``; ``None`` when not given).
+
+    Raises:
+        TypeError: not a :class:`Schedule`.
+        ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, or transformers' schedule
+            settings given too (one of the two would be silently dropped).
+    """
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"hetspec_schedule must be an hf_hetspec.Schedule, got {type(schedule).__name__}.")
+    given = [name for name, value in explicit.items() if value is not None]
+    if given:
+        raise ValueError(f"hetspec_schedule was given with `{'`, `'.join(given)}`: pass one of them (a Schedule "
+                         "holds the lookahead, its adaptation and the confidence stop).")
+    for name in ("lookahead", "min_lookahead"):
+        value = getattr(schedule, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"hetspec_schedule.{name}={value!r}: must be an integer >= 1.")
+    stop = schedule.stop
+    if not isinstance(stop, DraftStop) or not all(
+            isinstance(v, (int, float)) and 0.0 <= v < 1.0 for v in (stop.min_confidence, stop.min_joint)):
+        raise ValueError(f"hetspec_schedule.stop={stop!r}: a DraftStop with cut-offs in [0, 1).")
+    return schedule
+
+
+@dataclass
+class AdaptiveLookahead:
+    """The lookahead of one call as it moves: transformers' heuristic, +2 after a fully accepted draft, -1
+    otherwise, within ``[floor, cap]``; fixed when the schedule does not adapt.
+
+    Attributes:
+        value: drafter tokens of the next draft.
+        adaptive, floor, cap: from the :class:`Schedule` (``cap`` = ``max(MAX_LOOKAHEAD, lookahead)``).
+    """
+
+    value: int
+    adaptive: bool
+    floor: int
+    cap: int
+
+    @classmethod
+    def start(cls, schedule: Schedule) -> "AdaptiveLookahead":
+        """The state at the start of a call."""
+        return cls(schedule.lookahead, schedule.adaptive, schedule.min_lookahead,
+                   max(MAX_LOOKAHEAD, schedule.lookahead))
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """After a verification that accepted ``accepted`` of ``drafted`` draft tokens (no change after an
+        empty draft)."""
+        if not self.adaptive or drafted == 0:
+            return
+        if accepted >= drafted:
+            self.value = min(self.value + 2, self.cap)
+        else:
+            self.value = max(self.floor, self.value - 1)

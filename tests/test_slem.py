@@ -1,0 +1,81 @@
+"""hf_hetspec.slem: how SLEM turns the drafter's tokens into target ids (Timor et al. 2025, Algorithm 2).
+
+Expectations come from the tokenizers themselves (the target's own encoding of the same text), never from an
+earlier run of the proposer. SLEM's exactness is tested in test_lossless and test_integration."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_hetspec.alignment import vocabulary
+from hf_hetspec.plan import Schedule
+from hf_hetspec.slem import SLEMProposer, greedy_select
+from hf_hetspec.stats import DecodingStats
+
+PROMPT = "The lighthouse keeper"
+
+
+def _slem(pair, lookahead: int = 8) -> SLEMProposer:
+    ids = pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    return SLEMProposer(vocabulary(pair.target_tokenizer), pair.drafter, vocabulary(pair.drafter_tokenizer), ids,
+                        schedule=Schedule(lookahead, False), max_length=64, stats=DecodingStats())
+
+
+def _drafter_ids(pair, text: str) -> list[int]:
+    return pair.drafter_tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _target_continuation(pair, text: str) -> list[int]:
+    """The target tokenizer's own ids for ``text`` after the prompt."""
+    n = len(pair.target_tokenizer(PROMPT).input_ids)
+    return pair.target_tokenizer(PROMPT + text).input_ids[n:]
+
+
+def test_greedy_select_is_the_argmax_without_a_distribution():
+    column, q = greedy_select(torch.tensor([[0.1, 2.0, -1.0, 1.9]]))
+    assert column.tolist() == [[1]] and q is None
+
+
+def test_drafted_text_is_retokenized_as_the_target_writes_it(toy_pair):
+    proposer = _slem(toy_pair)
+    drafted = _drafter_ids(toy_pair, " the cat sat")
+    assert toy_pair.drafter_tokenizer.convert_ids_to_tokens(drafted) == ["▁the", "▁c", "at", "▁s", "at"]
+    assert proposer._to_target(drafted) == _target_continuation(toy_pair, " the cat sat")
+    assert toy_pair.target_tokenizer.convert_ids_to_tokens(proposer._to_target(drafted)) == [
+        "Ġthe", "Ġc", "at", "Ġs", "at"]
+
+
+def test_a_special_drafter_token_ends_the_draft_with_its_target_counterpart(toy_pair):
+    proposer = _slem(toy_pair)
+    eos = toy_pair.drafter_tokenizer.eos_token_id
+    drafted = _drafter_ids(toy_pair, " the") + [eos] + _drafter_ids(toy_pair, " cat")
+    proposer.context.ids.extend(drafted)
+    assert proposer._to_target(drafted) == _target_continuation(toy_pair, " the") + [
+        toy_pair.target_tokenizer.eos_token_id]
+    assert proposer.context.draft_ids == _drafter_ids(toy_pair, " the")  # the rest is discarded
+
+
+def test_a_draft_ending_inside_a_character_proposes_only_whole_characters(toy_pair):
+    proposer = _slem(toy_pair)
+    first_byte_of_e_acute = toy_pair.drafter_tokenizer.convert_tokens_to_ids("<0xC3>")
+    assert proposer._to_target(_drafter_ids(toy_pair, " the") + [first_byte_of_e_acute]) == \
+        _target_continuation(toy_pair, " the")
+    assert proposer._to_target([first_byte_of_e_acute]) == []
+
+
+def test_propose_drafts_the_drafters_argmax_within_the_budget(toy_pair, monkeypatch):
+    """A drafter sure of " the cat sat" drafts exactly those five tokens; the target gets the ids it would
+    write itself, cut to the length budget."""
+    proposer = _slem(toy_pair, lookahead=5)
+    script = iter(_drafter_ids(toy_pair, " the cat sat"))
+
+    def forward(feed):
+        logits = torch.zeros(1, proposer.context.n_tokens)
+        logits[0, next(script)] = 5.0
+        return logits
+
+    monkeypatch.setattr(proposer.context, "_forward", forward)
+    prompt = toy_pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    proposer.max_length = prompt.shape[1] + 4  # room for 3 draft tokens (one is left for the bonus token)
+    assert proposer.propose(prompt).target_ids == _target_continuation(toy_pair, " the cat sat")[:3]
+    assert proposer.context.draft_ids == _drafter_ids(toy_pair, " the cat sat")

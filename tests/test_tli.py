@@ -1,0 +1,89 @@
+"""hf_hetspec.tli: what TLI drafts from given drafter logits and the ``q`` it hands to verification (Timor et
+al. 2025, Algorithm 4). Expected ids come from the tokenizers' own token strings, expected distributions are
+computed by hand. TLI's exactness is tested in test_lossless."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_hetspec.alignment import vocabulary
+from hf_hetspec.intersection import intersection_for
+from hf_hetspec.plan import Schedule
+from hf_hetspec.proposer import DraftPolicy
+from hf_hetspec.stats import DecodingStats
+from hf_hetspec.tli import TLIProposer
+
+PROMPT = "The lighthouse keeper"
+
+
+def _tli(pair, lookahead: int, **kwargs) -> TLIProposer:
+    target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
+    return TLIProposer(target_vocab, pair.drafter, drafter_vocab, _prompt(pair),
+                       intersection=intersection_for(target_vocab, drafter_vocab),
+                       target_eos_ids=[pair.target_tokenizer.eos_token_id], schedule=Schedule(lookahead, False),
+                       max_length=64, stats=DecodingStats(), **kwargs)
+
+
+def _prompt(pair) -> torch.LongTensor:
+    return pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+
+
+def _drafter_logits(proposer, monkeypatch, scores: dict[int, float]) -> None:
+    """Every drafter forward returns these logits (drafter id -> logit; the rest far below)."""
+    logits = torch.full((1, proposer.context.n_tokens), -30.0)
+    for drafter_id, value in scores.items():
+        logits[0, drafter_id] = value
+    monkeypatch.setattr(proposer.context, "_forward", lambda feed: logits.clone())
+
+
+def test_greedy_tli_drafts_the_argmax_over_the_intersection(toy_pair, monkeypatch):
+    """The drafter's favourite, ``<start_of_turn>``, has no target counterpart: TLI drafts its best shared
+    token, ``▁the``, as the target's ``Ġthe``."""
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    proposer = _tli(toy_pair, 2, policy=DraftPolicy())
+    _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("<start_of_turn>"): 9.0,
+                                            d.convert_tokens_to_ids("▁the"): 5.0})
+    draft = proposer.propose(_prompt(toy_pair))
+    assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] * 2 and draft.q is None
+
+
+def test_sampled_tli_hands_over_the_push_forward_of_q(toy_pair, monkeypatch):
+    """``T`` and its byte fallback ``<0x54>`` both spell the target's ``T``: their drafter probabilities add up
+    (0.5 + 0.25), ``▁the`` keeps its 0.25; every other target id gets 0."""
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    generator = torch.Generator().manual_seed(0)
+    proposer = _tli(toy_pair, 1, policy=DraftPolicy(sample=True, needs_q=True), generator=generator)
+    _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("T"): math.log(0.5),
+                                            d.convert_tokens_to_ids("<0x54>"): math.log(0.25),
+                                            d.convert_tokens_to_ids("▁the"): math.log(0.25)})
+    expected = torch.zeros(1, proposer.target_size)
+    expected[0, t.convert_tokens_to_ids("T")] = 0.75
+    expected[0, t.convert_tokens_to_ids("Ġthe")] = 0.25
+    draft = proposer.propose(_prompt(toy_pair))
+    assert draft.target_ids[0] in (t.convert_tokens_to_ids("T"), t.convert_tokens_to_ids("Ġthe"))
+    torch.testing.assert_close(draft.q, expected, atol=1e-5, rtol=0)
+
+
+def test_a_greedy_draft_in_a_sampled_call_comes_with_its_one_hot_q(toy_pair, monkeypatch):
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    proposer = _tli(toy_pair, 1, policy=DraftPolicy(needs_q=True))
+    _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("▁the"): 2.0, d.convert_tokens_to_ids("T"): 1.9})
+    draft = proposer.propose(_prompt(toy_pair))
+    the = t.convert_tokens_to_ids("Ġthe")
+    assert draft.target_ids == [the]
+    assert draft.q.shape == (1, proposer.target_size) and draft.q[0, the] == 1 and draft.q.sum() == 1
+
+
+@pytest.mark.parametrize("needs_q", [False, True])
+def test_a_draft_ends_after_the_targets_eos(toy_pair, monkeypatch, needs_q):
+    """The drafter's EOS maps to the target's: nothing is generated after an accepted EOS, so the draft of
+    lookahead 4 stops there; the drafter catches up on the text at the next sync."""
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    proposer = _tli(toy_pair, 4, policy=DraftPolicy(needs_q=needs_q))
+    _drafter_logits(proposer, monkeypatch, {d.eos_token_id: 9.0})
+    draft = proposer.propose(_prompt(toy_pair))
+    assert draft.target_ids == [t.eos_token_id]
+    assert proposer.context.draft_ids == []
