@@ -20,7 +20,7 @@ ids by itself: each ``get_candidates`` hands it transformers' whole ``input_ids`
 those it has seen (the accepted draft tokens and the target's correction or bonus token), exactly as
 :func:`hf_hetspec.decoding.speculative_generate` calls it after each verification.
 
-What transformers' loop cannot do exactly is refused by :func:`hf_hetspec.plan.check_loop` (docs/api.md
+What transformers' loop cannot do exactly is refused by :func:`hf_hetspec.checks.check_loop` (docs/api.md
 "transformers' loop"). ``generate(..., hetspec_loop="transformers")`` on an enabled model runs these classes
 (:mod:`hf_hetspec.integration`); :func:`hf_hetspec.integration.assisted_decoding_with` is the hook for
 callers of ``_assisted_decoding``. ``tests/test_candidates.py`` pins the transformers interfaces used.

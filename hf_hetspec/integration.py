@@ -91,7 +91,7 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       place for this call only by :func:`assisted_decoding_with`). Both are exact; in transformers' loop
       ``hetspec_generator``, ``hetspec_verification="block"``, ``stop_strings``, ``stopping_criteria`` and a
       passed cache are refused before any work (``ValueError``,
-      :func:`hf_hetspec.plan.check_loop`).
+      :func:`hf_hetspec.checks.check_loop`).
     * ``hetspec_schedule`` (:class:`hf_hetspec.Schedule`): the draft schedule of this call -- first lookahead,
       +2/-1 adaptation and its floor, confidence stop (:class:`hf_hetspec.DraftStop`) -- instead of the default
       for the algorithm and drafter runtime (:mod:`hf_hetspec.schedule`). Refused before any work with

@@ -1,19 +1,24 @@
 """A hf_hetspec ``generate()`` call, decided once before any work: a frozen :class:`DecodingPlan`.
 
-The plan is made by small named steps, each the one source of its rule:
+The plan is made by small named steps, each the one source of its rule. Every refusal is in
+:mod:`hf_hetspec.checks`; the plan calls them, and decides the rest:
 
-1. :func:`check_call` -- the models, tokenizers, prompt, mask, positions and hf_hetspec's own keywords;
-2. :func:`check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams, caches, ...), and
-   :func:`hf_hetspec.inputs.check_generate_inputs` -- every other argument, honoured or refused; and
-   :func:`check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot honour;
+1. :func:`~hf_hetspec.checks.check_call` and :func:`~hf_hetspec.checks.check_drafter_prompt` -- the models,
+   tokenizers, prompt, mask, positions and hf_hetspec's own keywords;
+2. :func:`~hf_hetspec.checks.check_generation_config` -- what the merged ``GenerationConfig`` asks for (beams,
+   caches, ...), and :func:`~hf_hetspec.checks.check_generate_inputs` -- every other argument, honoured or
+   refused;
 3. :func:`choose_algorithm` -- what ``hetspec_algorithm="auto"`` resolves to, and why (``hf-hetspec analyze``
-   and the pairing cards recommend through the same function); then :func:`check_draft_temperature` and
-   :func:`check_verification`, the keywords that make sense only for some algorithms, and
-   :func:`choose_draft_temperature` and :func:`choose_draft_policy`, how TLI and SLRS draft;
-4. :func:`hf_hetspec.model_checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
+   and the pairing cards recommend through the same function); then
+   :func:`~hf_hetspec.checks.check_draft_temperature` and :func:`~hf_hetspec.checks.check_verification`, the
+   keywords that make sense only for some algorithms, :func:`~hf_hetspec.checks.check_schedule` (a call's own
+   ``hetspec_schedule``) and :func:`~hf_hetspec.checks.check_loop` -- what transformers' loop
+   (``hetspec_loop="transformers"``) cannot honour;
+4. :func:`~hf_hetspec.checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
    drafter in the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback);
 5. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
-   stop) of that runtime, or the call's own ``hetspec_schedule`` (:func:`hf_hetspec.schedule.check_schedule`);
+   stop) of that runtime, or the call's own ``hetspec_schedule``; then :func:`choose_draft_temperature` and
+   :func:`choose_draft_policy`, how TLI and SLRS draft.
 
 :func:`make_plan` runs them in that order on the generation config merged once from the call
 (``target._prepare_generation_config``); :func:`build_proposer` turns a plan into the algorithm's proposer
@@ -23,25 +28,32 @@ the drafter's copy is made, with a message that names the argument and the fix.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessorList
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .alignment import Vocabulary, vocabulary
-from .drafter import model_device
-from .inputs import check_generate_inputs
-from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
-from .model_checks import (
+from .checks import (  # noqa: F401 -- the constants and the checks' old import path (plan.check_call, ...)
+    ALGORITHMS,
+    IMPLEMENTED,
+    LOOPS,
+    VERIFICATIONS,
+    check_call,
+    check_draft_temperature,
+    check_drafter_prompt,
     check_drafter_weights,
-    check_not_changed_by_assisted_generation,
-    check_peft_adapters,
-    peft_base_model,
+    check_generate_inputs,
+    check_generation_config,
+    check_loop,
+    check_schedule,
+    check_verification,
 )
+from .drafter import model_device
+from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import DraftPolicy, HeterogeneousProposer
-from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
+from .runtime import PreparedDrafter, prepare_drafter
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
     DEFAULT_LOOKAHEAD,
     MAX_LOOKAHEAD,
@@ -50,23 +62,13 @@ from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import 
     DraftStop,
     Schedule,
     SlemDefault,
-    check_schedule,
     choose_schedule,
 )
 from .slem import SLEMProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
-from .support import check_model_supported
 from .tli import TLIProposer
 
-ALGORITHMS = ("auto", "slem", "tli", "slrs")
-IMPLEMENTED = ("slem", "tli", "slrs")
-#: ``hetspec_verification``: how TLI and SLRS verify a sampled draft against its ``q`` / ``psi`` -- token by
-#: token (``verify.verify_speculative_sampling``, the default) or as a block (``verify.verify_block``).
-VERIFICATIONS = ("token", "block")
-#: ``hetspec_loop``: whose draft-verify loop runs a call -- hf_hetspec's own (``decoding.speculative_generate``,
-#: the default) or transformers' ``_assisted_decoding`` with the generators of ``candidates.py``.
-LOOPS = ("hetspec", "transformers")
 #: How TLI and SLRS draft in a sampled call of a heterogeneous pair without ``hetspec_draft_temperature``
 #: (:func:`choose_draft_temperature`): ``0``, the drafter's argmax (over the intersection for TLI, of ``psi`` for
 #: SLRS), verified by speculative sampling against the one-hot ``q`` it came from, so a draft token ``x`` is
@@ -81,8 +83,6 @@ LOOPS = ("hetspec", "transformers")
 DEFAULT_DRAFT_TEMPERATURE = 0.0
 #: TLI needs at least this share of the drafter's tokens in the vocabulary intersection.
 MIN_TLI_SHARE = 0.01
-#: The only ``cache_implementation`` values whose cache can be rolled back after a rejection.
-_DYNAMIC_CACHES = (None, "dynamic")
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class HetspecArguments:
             ``"auto"``.
         verification: ``hetspec_verification``, ``"token"`` (default) or ``"block"`` (:func:`check_verification`).
         schedule: ``hetspec_schedule``, a :class:`~hf_hetspec.schedule.Schedule` used instead of the default
-            (:func:`~hf_hetspec.schedule.check_schedule`), or ``None``.
+            (:func:`~hf_hetspec.checks.check_schedule`), or ``None``.
         loop: ``hetspec_loop``, ``"hetspec"`` (default) or ``"transformers"`` (one of ``LOOPS``).
     """
 
@@ -178,278 +178,7 @@ class HetspecArguments:
 
 
 # --------------------------------------------------------------------------------------------------------
-# 1. the call
-# --------------------------------------------------------------------------------------------------------
-
-
-def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args: HetspecArguments,
-               inputs, model_kwargs: dict) -> None:
-    """Check everything about a call that does not need its generation config.
-
-    Args:
-        target, drafter: the models (``drafter`` is ``assistant_model``).
-        target_tokenizer, drafter_tokenizer: ``tokenizer=`` and ``assistant_tokenizer=``.
-        args: hf_hetspec's keywords.
-        inputs (``torch.LongTensor`` of shape ``(1, n)``): the prompt (``inputs=`` or ``input_ids=``).
-        model_kwargs: the call's other keyword arguments (``attention_mask``, ``position_ids``, ...).
-
-    Raises:
-        ValueError / TypeError / NotImplementedError: with a message naming the argument and the fix.
-    """
-    if args.algorithm not in ALGORITHMS:
-        raise ValueError(f"hetspec_algorithm={args.algorithm!r} is not known; use one of {', '.join(ALGORITHMS)}.")
-    if args.algorithm not in IMPLEMENTED and args.algorithm != "auto":
-        raise NotImplementedError(
-            f"hetspec_algorithm={args.algorithm!r} is not available in this version of hf_hetspec; "
-            f"available: {', '.join(IMPLEMENTED)} (or 'auto')."
-        )
-    if not isinstance(args.loop, str) or args.loop not in LOOPS:
-        raise ValueError(f"hetspec_loop={args.loop!r} is not known; use one of {', '.join(LOOPS)}.")
-    if not isinstance(peft_base_model(drafter), PreTrainedModel):
-        raise TypeError(f"assistant_model must be a transformers PreTrainedModel (or a PEFT PeftModel of one), got "
-                        f"{type(drafter).__name__}.")
-    for role, model in (("target", target), ("drafter", drafter)):  # a user's model with a history
-        check_not_changed_by_assisted_generation(model, role)
-        check_peft_adapters(model, role)
-    # a cache that a crop cannot roll back exactly would make the output differ from the target's
-    check_model_supported(target, "target")
-    check_model_supported(drafter, "drafter")
-    if target_tokenizer is None or drafter_tokenizer is None:
-        missing = "tokenizer" if target_tokenizer is None else "assistant_tokenizer"
-        raise ValueError(
-            f"`{missing}` is missing: hf_hetspec needs both `tokenizer=` (the target's) and "
-            "`assistant_tokenizer=` (the drafter's) to compare their vocabularies and translate drafts."
-        )
-    for name, tok, model in (("tokenizer", target_tokenizer, target), ("assistant_tokenizer", drafter_tokenizer, drafter)):
-        rows = model.get_input_embeddings().weight.shape[0]
-        if len(tok) > rows:
-            raise ValueError(
-                f"`{name}` has {len(tok)} tokens but its model's embedding has {rows} rows: pass the tokenizer "
-                "that belongs to that model."
-            )
-    generator = args.generator
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"hetspec_generator must be a torch.Generator, got {type(generator).__name__}.")
-    if generator is not None and generator.device.type != model_device(target).type:
-        raise ValueError(
-            f"hetspec_generator is on {generator.device.type} but the target's logits are on "
-            f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
-        )
-    # hetspec_drafter known and possible for this drafter (a check only: make_plan resolves it when it prepares)
-    resolve_runtime(drafter, args.drafter_runtime)
-    _check_prompt(inputs, model_kwargs)
-
-
-def _check_prompt(inputs, model_kwargs: dict) -> None:
-    if inputs is None:
-        raise ValueError("no prompt: pass the prompt's token ids as `input_ids` (shape (1, n), n >= 1); hf_hetspec "
-                         "drafts from token ids and does not take `inputs_embeds`.")
-    if not torch.is_tensor(inputs) or inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
-        raise ValueError("`input_ids` must be an integer tensor of shape (batch, sequence_length).")
-    if inputs.shape[0] != 1:
-        raise NotImplementedError(
-            f"hf_hetspec decodes one sequence at a time; got a batch of {inputs.shape[0]}. "
-            "Call generate() once per prompt."
-        )
-    if inputs.shape[1] < 1:
-        raise ValueError("`input_ids` is empty: the prompt needs at least one token.")
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
-        raise NotImplementedError(
-            "`attention_mask` contains padding (zeros); hf_hetspec decodes one unpadded sequence: "
-            "pass the prompt without padding."
-        )
-    if mask is not None and tuple(mask.shape) != tuple(inputs.shape):
-        raise ValueError(
-            f"`attention_mask` has shape {tuple(mask.shape)} but `input_ids` has {tuple(inputs.shape)}: pass "
-            "the mask of this prompt (or none)."
-        )
-    positions = model_kwargs.get("position_ids")
-    if positions is not None and (
-        not torch.is_tensor(positions)
-        or positions.is_floating_point()
-        or tuple(positions.shape) != tuple(inputs.shape)
-    ):
-        raise ValueError(
-            f"`position_ids` must be an integer tensor of the prompt's shape {tuple(inputs.shape)} (they are the "
-            "target's; the drafter numbers its own tokens): pass one position per prompt token, or none."
-        )
-
-
-def check_drafter_prompt(value, drafter_tokenizer) -> tuple[int, ...] | None:
-    """``assistant_input_ids`` checked, as drafter ids (``None`` when not given).
-
-    Args:
-        value (``torch.LongTensor`` of shape ``(1, m)``, ``m >= 1``): the prompt in drafter ids, or ``None``.
-        drafter_tokenizer: ``assistant_tokenizer``; every id must be below its length.
-
-    Raises:
-        ValueError / NotImplementedError: not an integer tensor of shape ``(1, m)`` with ``m >= 1``, or ids
-            outside the drafter tokenizer's vocabulary.
-    """
-    if value is None:
-        return None
-    fix = ("pass the prompt in drafter token ids, e.g. `assistant_tokenizer.apply_chat_template(messages, "
-           "add_generation_prompt=True, return_tensors='pt')['input_ids']` or `hf_hetspec.chat_inputs(...)`")
-    if not torch.is_tensor(value) or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise ValueError(f"`assistant_input_ids` must be an integer tensor of shape (1, m): {fix}.")
-    if value.dim() != 2:
-        raise ValueError(f"`assistant_input_ids` has shape {tuple(value.shape)}, expected (1, m): {fix}.")
-    if value.shape[0] != 1:
-        raise NotImplementedError(
-            f"`assistant_input_ids` holds a batch of {value.shape[0]}; hf_hetspec decodes one sequence at a time: "
-            "pass one prompt of shape (1, m)."
-        )
-    if value.shape[1] < 1:
-        raise ValueError(f"`assistant_input_ids` is empty: the drafter's prompt needs at least one token; {fix}.")
-    ids = value[0].tolist()
-    bad = [i for i in ids if not 0 <= i < len(drafter_tokenizer)]
-    if bad:
-        raise ValueError(
-            f"`assistant_input_ids` holds ids outside the drafter vocabulary (0..{len(drafter_tokenizer) - 1}), "
-            f"e.g. {bad[0]}: they must come from `assistant_tokenizer`, not the target's tokenizer; {fix}."
-        )
-    return tuple(ids)
-
-
-# --------------------------------------------------------------------------------------------------------
-# 2. the generation config
-# --------------------------------------------------------------------------------------------------------
-
-
-def check_generation_config(config: GenerationConfig) -> None:
-    """Refuse what the merged generation config asks for and hf_hetspec cannot do exactly.
-
-    Raises:
-        ValueError / NotImplementedError: naming the setting and the fix.
-    """
-    if (config.num_beams or 1) > 1:
-        raise ValueError(f"num_beams={config.num_beams}: speculative decoding is not beam search; use num_beams=1.")
-    if (config.num_return_sequences or 1) > 1:
-        raise NotImplementedError(
-            f"num_return_sequences={config.num_return_sequences}: hf_hetspec returns one sequence per call; "
-            "call generate() several times."
-        )
-    if config.max_new_tokens is not None and config.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
-    if config.use_cache is False:
-        raise ValueError("use_cache=False: speculative decoding needs the target's KV cache; drop use_cache=False.")
-    if config.cache_implementation not in _DYNAMIC_CACHES:
-        raise ValueError(
-            f"cache_implementation={config.cache_implementation!r}: hf_hetspec rolls the cache back after "
-            "rejections and needs the dynamic cache; drop cache_implementation."
-        )
-    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
-        raise NotImplementedError("output_attentions/output_hidden_states are not returned by hf_hetspec; drop them.")
-    value = config.num_assistant_tokens
-    if value is not None and (not isinstance(value, int) or value < 1):
-        raise ValueError(f"num_assistant_tokens={value!r}: the lookahead must be a positive integer.")
-
-
-def check_draft_temperature(value, algorithm: str, do_sample: bool) -> None:
-    """``hetspec_draft_temperature``: ``None`` or a real number >= 0 that changes how this call drafts.
-
-    Raises:
-        ValueError: not such a number, or a positive value where drafts are always greedy (SLEM, or a
-            greedy call).
-    """
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-        raise ValueError(
-            f"hetspec_draft_temperature={value!r}: use a real number >= 0 (0: the drafter's argmax, the default "
-            "with different vocabularies; t > 0: sample the drafter at temperature t)."
-        )
-    if value > 0 and (algorithm == "slem" or not do_sample):
-        raise ValueError(
-            f"hetspec_draft_temperature={value!r} has no effect here: "
-            + ("SLEM always drafts the drafter's greedy string" if algorithm == "slem"
-               else "a greedy call (do_sample=False) always drafts the drafter's argmax")
-            + "; drop the argument (or pass do_sample=True with hetspec_algorithm='tli'/'slrs')."
-        )
-
-
-def choose_draft_temperature(value, algorithm: str, do_sample: bool, identical: bool = False) -> float | None:
-    """The draft temperature in effect: ``hetspec_draft_temperature`` when given (checked by
-    :func:`check_draft_temperature`), else :data:`DEFAULT_DRAFT_TEMPERATURE` for a sampled TLI or SLRS call
-    with different vocabularies, else ``None``: SLEM and greedy calls always draft greedily, and a drafter with
-    the target's vocabulary (standard speculative sampling) samples at the call's temperature -- a drafter
-    whose ``q`` nears ``p`` is accepted with probability ``sum min(p, q)`` near 1, where a greedy draft stays
-    at ``p(argmax)``; the greedy default was measured on heterogeneous pairs only."""
-    if value is not None:
-        return float(value)
-    return DEFAULT_DRAFT_TEMPERATURE if do_sample and algorithm in ("tli", "slrs") and not identical else None
-
-
-def check_verification(value, algorithm: str, do_sample: bool) -> None:
-    """``hetspec_verification``: one of ``VERIFICATIONS``, and ``"block"`` only where it changes something.
-
-    ``"token"`` (the default) is each algorithm's own verification and is accepted everywhere. ``"block"``
-    (:func:`hf_hetspec.verify.verify_block`) replaces token-level speculative sampling, so it needs a sampled
-    call (``do_sample=True``) with TLI or SLRS, whose drafts come with ``q`` / ``psi`` over target ids. SLEM
-    verifies re-tokenized text by exact match and has no ``q``; a greedy call verifies against the argmax,
-    where block verification would accept exactly the same prefix (with a one-hot ``p`` its weights are 1 up
-    to the first mismatch and 0 after it). There it would be a silent no-op, so it is refused, like a
-    positive ``hetspec_draft_temperature``.
-
-    Raises:
-        ValueError: an unknown value, or ``"block"`` where it would have no effect.
-    """
-    if not isinstance(value, str) or value not in VERIFICATIONS:
-        raise ValueError(f"hetspec_verification={value!r} is not known; use one of {', '.join(VERIFICATIONS)}.")
-    if value == "block" and (algorithm == "slem" or not do_sample):
-        raise ValueError(
-            "hetspec_verification='block' has no effect here: "
-            + ("SLEM verifies by exact match and its drafts have no q over target ids" if algorithm == "slem"
-               else "a greedy call (do_sample=False) verifies by exact match against the target's argmax")
-            + "; drop the argument (or pass do_sample=True with hetspec_algorithm='tli'/'slrs')."
-        )
-
-
-_OWN_LOOP = "; run the call in hf_hetspec's own loop (`hetspec_loop=\"hetspec\"`, the default), which "
-_PER_BLOCK = (
-    "transformers' assisted-generation loop checks stopping criteria once per verified block, so it would keep "
-    "the tokens of an accepted block past the stop" + _OWN_LOOP + "checks them after every token."
-)
-
-
-def check_loop(args: HetspecArguments, stop_strings, call: dict, model_kwargs: dict) -> None:
-    """``hetspec_loop="transformers"``: refuse, before any work, what a call cannot have in transformers' loop
-    (:mod:`hf_hetspec.candidates`) exactly as in plain decoding; nothing for hf_hetspec's own loop.
-
-    transformers' loop samples with torch's global RNG; checks stopping criteria once per verified block
-    (EOS and ``max_length`` are cut inside the block, other criteria are not); verifies token by token; and
-    prefills from the prompt it is given.
-
-    Args:
-        args: hf_hetspec's keywords of the call.
-        stop_strings: the call's ``stop_strings`` (merged generation config).
-        call: ``generate()``'s named parameters as given (``stopping_criteria``, ...).
-        model_kwargs: the call's model inputs.
-
-    Raises:
-        ValueError: naming the input, with hf_hetspec's own loop (``hetspec_loop="hetspec"``) as the fix.
-    """
-    if args.loop != "transformers":
-        return
-    if args.generator is not None:
-        raise ValueError("`hetspec_generator` with hetspec_loop='transformers': transformers' loop samples with "
-                         "torch's global RNG (seed it with torch.manual_seed)" + _OWN_LOOP
-                         + "samples with your generator.")
-    if args.verification != "token":
-        raise ValueError(f"`hetspec_verification={args.verification!r}` with hetspec_loop='transformers': "
-                         "transformers' loop verifies token by token" + _OWN_LOOP + "verifies blocks.")
-    if stop_strings:
-        raise ValueError("`stop_strings` with hetspec_loop='transformers': " + _PER_BLOCK)
-    if call.get("stopping_criteria"):
-        raise ValueError("`stopping_criteria` with hetspec_loop='transformers': " + _PER_BLOCK)
-    if any(model_kwargs.get(name) is not None for name in ("past_key_values", "cache")):
-        raise ValueError("a cache passed to generate() with hetspec_loop='transformers': transformers' loop "
-                         "prefills from the prompt it is given" + _OWN_LOOP + "continues a passed cache.")
-
-
-# --------------------------------------------------------------------------------------------------------
-# 3. the algorithm
+# the algorithm, and how TLI and SLRS draft
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -493,6 +222,18 @@ def choose_algorithm(requested: str, *, identical: bool, do_sample: bool, drafte
                         "both zoo pairs (docs/results.md; measure yours with `hf-hetspec bench`)")
     return "slem", ("greedy with different vocabularies: exact match accepts every drafter token whose text the "
                     "target also writes, with the drafter's whole vocabulary")
+
+
+def choose_draft_temperature(value, algorithm: str, do_sample: bool, identical: bool = False) -> float | None:
+    """The draft temperature in effect: ``hetspec_draft_temperature`` when given (checked by
+    :func:`~hf_hetspec.checks.check_draft_temperature`), else :data:`DEFAULT_DRAFT_TEMPERATURE` for a sampled
+    TLI or SLRS call with different vocabularies, else ``None``: SLEM and greedy calls always draft
+    greedily, and a drafter with the target's vocabulary (standard speculative sampling) samples at the call's
+    temperature -- a drafter whose ``q`` nears ``p`` is accepted with probability ``sum min(p, q)`` near 1, where
+    a greedy draft stays at ``p(argmax)``; the greedy default was measured on heterogeneous pairs only."""
+    if value is not None:
+        return float(value)
+    return DEFAULT_DRAFT_TEMPERATURE if do_sample and algorithm in ("tli", "slrs") and not identical else None
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ A call's draft schedule is a frozen :class:`Schedule` (the first lookahead, whet
 :class:`DraftStop` that ends a draft early from the drafter's confidence), decided once by
 :func:`choose_schedule` from the user's settings and the defaults of the drafter runtime that really runs
 (:data:`SLEM_DEFAULTS`, :data:`TOKEN_LEVEL_FLOORS`), or passed whole per call
-(``generate(hetspec_schedule=Schedule(...))``, checked by :func:`check_schedule`). While a call decodes,
-:class:`AdaptiveLookahead` holds the lookahead as transformers' +2/-1 rule moves it.
+(``generate(hetspec_schedule=Schedule(...))``, checked by :func:`hf_hetspec.checks.check_schedule`). While a
+call decodes, :class:`AdaptiveLookahead` holds the lookahead as transformers' +2/-1 rule moves it.
 
 None of this changes the output distribution: a schedule depends on the drafter alone, and speculative
 sampling is exact for any draft length fixed before verification (Leviathan et al. 2023, Thm. 1).
@@ -147,36 +147,6 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
         min_joint = default.min_joint if threshold is None else 0.0
         return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
     return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime])
-
-
-def check_schedule(schedule, explicit: dict) -> Schedule:
-    """``generate(hetspec_schedule=...)`` checked; returns it.
-
-    Args:
-        schedule: the value passed.
-        explicit: transformers' schedule settings the call also gave (``num_assistant_tokens``,
-            ``num_assistant_tokens_schedule``, ``assistant_confidence_threshold``; ``None`` when not given).
-
-    Raises:
-        TypeError: not a :class:`Schedule`.
-        ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, or transformers' schedule
-            settings given too (one of the two would be silently dropped).
-    """
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"hetspec_schedule must be an hf_hetspec.Schedule, got {type(schedule).__name__}.")
-    given = [name for name, value in explicit.items() if value is not None]
-    if given:
-        raise ValueError(f"hetspec_schedule was given with `{'`, `'.join(given)}`: pass one of them (a Schedule "
-                         "holds the lookahead, its adaptation and the confidence stop).")
-    for name in ("lookahead", "min_lookahead"):
-        value = getattr(schedule, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"hetspec_schedule.{name}={value!r}: must be an integer >= 1.")
-    stop = schedule.stop
-    if not isinstance(stop, DraftStop) or not all(
-            isinstance(v, (int, float)) and 0.0 <= v < 1.0 for v in (stop.min_confidence, stop.min_joint)):
-        raise ValueError(f"hetspec_schedule.stop={stop!r}: a DraftStop with cut-offs in [0, 1).")
-    return schedule
 
 
 @dataclass

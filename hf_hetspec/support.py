@@ -13,7 +13,8 @@ state only affects speed, and stepping it one token at a time costs drafter forw
 
 The decision reads the cache transformers builds for the model (``DynamicCache(config=...)``, the cache
 ``generate()`` prepares), layer by layer, and the config's ``is_encoder_decoder``; it never looks at model
-names, so a new architecture is judged by its cache layers, and an unknown layer type is refused.
+names, so a new architecture is judged by its cache layers, and an unknown layer type is refused. The refusal
+itself is :func:`hf_hetspec.checks.check_model_supported`.
 """
 
 from __future__ import annotations
@@ -96,27 +97,3 @@ def model_support(model, role: str = "target") -> Support:
                               "cannot roll back")
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     return cache_support(DynamicCache(config=text_config), role)
-
-
-def check_model_supported(model, role: str) -> None:
-    """Refuse ``model`` as ``role`` (``"target"`` or ``"drafter"``) unless :func:`model_support` accepts it.
-
-    Called once per ``generate()`` call, before any model forward. Cost: building an empty ``DynamicCache``
-    (no tensors are allocated).
-
-    Raises:
-        ValueError: ``role`` is not ``"target"`` or ``"drafter"``.
-        NotImplementedError: the model cannot be rolled back exactly; the message names the model class,
-            the reason and what to use instead.
-    """
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    verdict = model_support(model, role)
-    if verdict.supported:
-        return
-    argument = "the model generate() is called on" if role == "target" else "`assistant_model`"
-    raise NotImplementedError(
-        f"{type(model).__name__} cannot be the {role} ({argument}) of hf_hetspec: {verdict.reason}, so "
-        "speculative decoding would not reproduce the target's output. Use a decoder-only attention model "
-        f"as the {role}, or call generate() without `assistant_model` for plain decoding."
-    )

@@ -124,7 +124,7 @@ def test_assisted_decoding_reads_what_the_generators_and_the_hook_rely_on():
     }
     missing = [why for needle, why in expectations.items() if needle not in source]
     assert not missing, "transformers' _assisted_decoding changed: " + "; ".join(missing)
-    assert "assistant_ensemble_weight" in source  # refused by hf_hetspec.inputs for every call
+    assert "assistant_ensemble_weight" in source  # refused by hf_hetspec.checks for every call
 
 
 def test_speculative_sampling_is_algorithm_1_against_the_softmax_of_the_candidate_logits():

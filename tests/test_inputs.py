@@ -1,4 +1,4 @@
-"""Every ``generate()`` argument of a hf_hetspec call is honoured or refused (:mod:`hf_hetspec.inputs`, issue 15.2).
+"""Every ``generate()`` argument of a hf_hetspec call is honoured or refused (:func:`hf_hetspec.checks.check_generate_inputs`, issue 15.2).
 
 Honoured: the output equals ``target.generate()`` without a drafter, for an input that changes that output
 (asserted first, so that the comparison is not vacuous). Refused: the call raises an error naming the

@@ -193,7 +193,7 @@ def test_a_drafter_with_non_finite_weights_is_refused_before_any_work(models, en
 
 def test_weight_check_counts_only_true_non_finite_values():
     """The fast path sums each weight; a sum that overflows is checked value by value, not refused."""
-    from hf_hetspec.model_checks import check_drafter_weights
+    from hf_hetspec.checks import check_drafter_weights
 
     layer = torch.nn.Linear(100, 10).half()
     with torch.no_grad():

@@ -9,7 +9,8 @@ import torch
 import hf_hetspec
 from conftest import hetspec_generate
 from hf_hetspec import drafter, plan, proposer, schedule
-from hf_hetspec.schedule import MAX_LOOKAHEAD, AdaptiveLookahead, DraftStop, Schedule, check_schedule
+from hf_hetspec.checks import check_schedule
+from hf_hetspec.schedule import MAX_LOOKAHEAD, AdaptiveLookahead, DraftStop, Schedule
 
 NO_SETTINGS = {"num_assistant_tokens": None, "num_assistant_tokens_schedule": None,
                "assistant_confidence_threshold": None}

@@ -15,9 +15,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DynamicLayer, LinearAttentionLayer
 
 import hf_hetspec
-from hf_hetspec import decoding, plan
+from hf_hetspec import checks, decoding
 from hf_hetspec.drafter import rollback_cache
-from hf_hetspec.support import cache_support, check_model_supported, layer_support, model_support
+from hf_hetspec.checks import check_model_supported
+from hf_hetspec.support import cache_support, layer_support, model_support
 from hf_hetspec.testing import toy
 from hf_hetspec.testing.architectures import (
     REFUSED_DRAFTERS,
@@ -128,7 +129,7 @@ def test_refusal_names_the_reason(tokenizers):
 def test_hybrid_target_without_the_refusal_differs_from_the_target_alone(tokenizers, monkeypatch):
     """Why Jamba-like targets are refused (transformers 5.23/5.24): verified through their cache, greedy output
     is not the target's. Should this start passing identity, the rule can be relaxed for such caches."""
-    monkeypatch.setattr(plan, "check_model_supported", lambda model, role: None)
+    monkeypatch.setattr(checks, "check_model_supported", lambda model, role: None)
     target = _model("jamba", tokenizers)
     drafter = perturbed_copy(target, DRAFTER_NOISE)
     expected = target.generate(_prompt(tokenizers[0]), max_new_tokens=NEW_TOKENS, do_sample=False)

@@ -6,8 +6,8 @@ attention implementation or dtype. Each case here is either honoured exactly -- 
 equal to the same model alone, for SLEM, TLI and SLRS; one sampled call passing the chi-square test -- or refused
 before any forward pass with a message that names what changed the model and the fix.
 
-The modules touched: :mod:`hf_hetspec.model_checks` (the refusals and PEFT helpers), :mod:`hf_hetspec.plan`
-(``check_call`` accepts a ``PeftModel`` drafter) and :mod:`hf_hetspec.runtime` (a PEFT drafter's copy merges its
+The modules touched: :mod:`hf_hetspec.checks` (the refusals; ``check_call`` accepts a ``PeftModel`` drafter),
+:mod:`hf_hetspec.model_checks` (the PEFT helpers) and :mod:`hf_hetspec.runtime` (a PEFT drafter's copy merges its
 adapters; an already quantized drafter is not quantized again; a compiled forward is not carried into a copy).
 """
 
