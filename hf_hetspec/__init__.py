@@ -32,9 +32,10 @@ from .candidates import (
     TLICandidateGenerator,
 )
 from .chat import chat_inputs
+from .checks import ALGORITHMS, IMPLEMENTED, LOOPS, VERIFICATIONS
 from .integration import assisted_decoding_with, disable, enable, is_enabled, last_stats
 from .intersection import IntersectionLogitsProcessor, VocabularyIntersection, vocabulary_intersection
-from .plan import ALGORITHMS, IMPLEMENTED, LOOPS, VERIFICATIONS, DecodingPlan
+from .plan import DecodingPlan
 from .schedule import DraftStop, Schedule
 from .stats import DecodingStats
 

@@ -89,7 +89,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import __version__
-from ..plan import ALGORITHMS, LOOPS
+from ..checks import ALGORITHMS, LOOPS
 from ..runtime import RUNTIMES, prepare_drafter
 from ..stats import acceptance_rate, alpha
 from . import pairing, progress, zoo

@@ -24,7 +24,7 @@ import math
 import os
 from pathlib import Path
 
-from ..plan import ALGORITHMS, IMPLEMENTED, VERIFICATIONS
+from ..checks import ALGORITHMS, IMPLEMENTED, VERIFICATIONS
 
 FORMAT = 1
 

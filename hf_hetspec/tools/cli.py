@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from .. import integration
-from ..plan import ALGORITHMS
+from ..checks import ALGORITHMS
 from ..stats import acceptance_rate
 from ..testing import verify_lossless
 from . import analyze, bench, pairing, zoo

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..plan import IMPLEMENTED
+from ..checks import IMPLEMENTED
 from . import zoo
 
 DEMO_TARGET = "qwen2.5-coder-1.5b-instruct"
