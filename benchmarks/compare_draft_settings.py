@@ -14,7 +14,13 @@ target forward and drafted tokens per target forward. The log of
                      "slrs-conf0.4": {"hetspec_algorithm": "slrs", "num_assistant_tokens": 20,
                                       "assistant_confidence_threshold": 0.4}}'
 
-HumanEval/20-29 are the tuning prompts; the bench reports HumanEval/0-9.
+HumanEval/20-29 are the tuning prompts; the bench reports HumanEval/0-9. A setting with
+``"hetspec_loop": "transformers"`` runs in transformers' loop, which takes no ``hetspec_generator``: it samples
+with torch's global RNG, seeded per call. ``benchmarks/results/loops/slem-greedy-humaneval-0-5.log``::
+
+    python benchmarks/compare_draft_settings.py --prompts 0 6 --temperature 0 --max-new-tokens 64 \
+        --settings '{"target": {}, "hetspec": {"hetspec_algorithm": "slem"},
+                     "transformers": {"hetspec_algorithm": "slem", "hetspec_loop": "transformers"}}'
 """
 
 from __future__ import annotations
@@ -64,9 +70,11 @@ def main() -> None:
                     new = out.shape[1] - ids.shape[1]
                     forwards, drafted, accepted, rejections = new, 0, 0, 0
                 else:
+                    # transformers' loop samples with the global RNG (seeded above) and refuses a generator
+                    randomness = ({} if kwargs.get("hetspec_loop") == "transformers"
+                                  else {"hetspec_generator": torch.Generator().manual_seed(seed)})
                     out = target.generate(ids, assistant_model=drafter, tokenizer=target_tok,
-                                          assistant_tokenizer=drafter_tok,
-                                          hetspec_generator=torch.Generator().manual_seed(seed), **common, **kwargs)
+                                          assistant_tokenizer=drafter_tok, **randomness, **common, **kwargs)
                     stats = integration.last_stats(target)
                     new = out.shape[1] - ids.shape[1]
                     forwards, drafted, accepted = stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens
