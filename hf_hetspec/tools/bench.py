@@ -83,10 +83,14 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import json
+import math
+import os
 import shlex
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from .. import __version__
 from ..checks import ALGORITHMS, LOOPS
@@ -99,14 +103,27 @@ from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_T
                      set_threads)
 from .reports import WITHIN, markdown_report, write_outputs
 from .runner import HETSPEC_METHODS, TRANSFORMERS_LOOP, Runner, machine_info, method_label, step_seconds
-from .tasks import (DEFAULT_SPEC_BENCH, HUB_DATASETS, SPEC_BENCH_URL, TASKS, BenchPrompt, chat_ids, hub_status,
-                    load_prompts)
+from .tasks import (DEFAULT_SPEC_BENCH, HALVES, HUB_DATASETS, HUMANEVAL_TASKS, SPEC_BENCH_CATEGORIES,
+                    SPEC_BENCH_URL, TASKS, BenchPrompt, chat_ids, hub_status, load_prompts)
 
 DEFAULTS = {"tasks": list(TASKS), "prompts": 3, "max_new_tokens": 128, "temperatures": [0.0, 1.0],
             "seeds": [0, 1, 2], "algorithms": ["slem", "tli", "slrs"]}
 #: ``--quick``: 2 HumanEval + 1 summarization prompt, 64 tokens, greedy, SLEM (minutes on a 2-core CPU).
 QUICK = {"tasks": ["code", "summarization"], "prompts": {"code": 2, "summarization": 1}, "max_new_tokens": 64,
          "temperatures": [0.0], "seeds": [0], "algorithms": ["slem"]}
+#: ``--suite NAME``: preset evaluations; any flag the user gives overrides its value. ``spec-bench``: the six
+#: Spec-Bench categories as chat prompts, HumanEval as chat and as plain completion, greedy and T=1 (seed 0),
+#: 64 new tokens, the target alone, transformers' UAG and hf_hetspec auto, on the report half of every
+#: category from local files (the tuning half is ``--half tune``).
+SUITES = {
+    "spec-bench": {"tasks": [*SPEC_BENCH_CATEGORIES, *HUMANEVAL_TASKS], "prompts": 5, "max_new_tokens": 64,
+                   "temperatures": [0.0, 1.0], "seeds": [0], "algorithms": ["auto"], "half": "report",
+                   "source": "local"},
+}
+#: Issue 26's floor: no single prompt's speedup over the target alone below this, greedy or sampled.
+PROMPT_SPEEDUP_FLOOR = 0.95
+#: See :func:`contended`.
+CONTENDED_MARGIN = 0.5
 COST_RATIO_METHOD = (
     "c = drafter step / target step: median wall seconds of 5 single-token forwards of each model after "
     "prefilling the first prompt (hf_hetspec.tools.runner.step_seconds), measured once per run"
@@ -116,6 +133,26 @@ COST_RATIO_METHOD = (
 # --------------------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------------------
+
+
+def contended(load_before: float | None, load_after: float | None, threads: int) -> bool:
+    """Whether a call was measured with another job on the machine.
+
+    The rule: the 1-minute load average (``os.getloadavg()[0]``) read just before or just after the call
+    exceeds ``threads + CONTENDED_MARGIN``, where ``threads`` is the torch CPU threads the benchmark runs with.
+    A benchmark alone on the machine keeps about ``threads`` threads runnable, so its load average settles near
+    ``threads``; half a runnable thread more on average means another process shared the CPU during the last
+    minute. Contention slows the memory-bound target more than a small (int8) drafter and so inflates
+    speedups (issue 26: 3.19x contended vs 2.90x quiet on the same task). The load average is a smoothed
+    one-minute figure: a short burst right before a call is seen, one that started within the call may be
+    seen only by the next read. ``None`` (no load average on this OS) is never contended.
+    """
+    return any(load is not None and load > threads + CONTENDED_MARGIN for load in (load_before, load_after))
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (``None`` where the OS has none, e.g. Windows)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
 @dataclass(frozen=True)
@@ -166,8 +203,10 @@ def decoding_runs(temperatures: list[float], seeds: list[int]) -> list[tuple[flo
 
 def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int], object],
                     specs: list[MethodSpec], sweep: list[MethodSpec], target_tokenizer, chat_template: bool,
-                    advance=None) -> list[dict]:
-    """Run every method on every prompt, turn, temperature and seed; one record per call.
+                    advance=None, load=load_average, threads: int | None = None) -> list[dict]:
+    """Run every method on every prompt, turn, temperature and seed; one record per call, with the 1-minute
+    load average read before and after the call (``load_before``, ``load_after``) and whether that makes the
+    call ``contended`` (:func:`contended`).
 
     Args:
         prompts: the prompts.
@@ -176,19 +215,24 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
             and the assistant turn a second user turn sees).
         sweep: extra hf_hetspec runs with fixed lookaheads.
         advance: called with a description before each call (progress display).
+        load: returns the 1-minute load average (or ``None``); a fake in tests.
+        threads: the torch CPU threads of the run (default ``torch.get_num_threads()``).
     """
+    threads = torch.get_num_threads() if threads is None else threads
     records = []
     for prompt in prompts:
         for (temperature, seed), runner in runners.items():
             messages: list[dict] = []
             for turn, message in enumerate(prompt.turns, 1):
                 messages.append({"role": "user", "content": message})
-                ids = chat_ids(target_tokenizer, messages, chat_template)
+                ids = chat_ids(target_tokenizer, messages, chat_template and prompt.chat)
                 reference = None
                 for spec in specs + sweep:  # specs[0], the target alone, first
                     if advance is not None:
                         advance(f"{prompt.task} {prompt.prompt_id} T={temperature:g} {spec.label}")
+                    load_before = load()
                     run = run_spec(runner, spec, ids)
+                    load_after = load()
                     if reference is None:
                         reference = run
                     else:
@@ -200,6 +244,8 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
                         "temperature": temperature, "seed": seed, **record, "method": spec.method,
                         "algorithm": spec.algorithm, "sweep": spec.sweep,
                         "lookahead": None if spec.method == "target" else lookahead,
+                        "load_before": load_before, "load_after": load_after,
+                        "contended": contended(load_before, load_after, threads),
                     })
                 reply = reference.record(target_tokenizer, "")["text"]
                 messages.append({"role": "assistant", "content": reply})
@@ -225,6 +271,7 @@ def aggregate(records: list[dict]) -> dict:
     verdicts = [r["verdict"] for r in records if r["verdict"] is not None]
     memory = [r["peak_memory_mb"] for r in records if r["peak_memory_mb"] is not None]
     forwards = sum(r["target_forwards"] for r in records)
+    loads = [x for r in records for x in (r.get("load_before"), r.get("load_after")) if x is not None]
     return {
         "runs": len(records),
         "new_tokens": tokens,
@@ -245,6 +292,8 @@ def aggregate(records: list[dict]) -> dict:
         "tie": verdicts.count("tie") if verdicts else None,
         "different": verdicts.count("different") if verdicts else None,
         "mean_lookahead": _ratio(sum(r["drafter_forwards"] for r in records), forwards),
+        "load_max": max(loads) if loads else None,
+        "contended_calls": sum(bool(r.get("contended")) for r in records),
     }
 
 
@@ -267,6 +316,8 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
     groups = _groups(main, lambda r: (r["task"], r["temperature"], r["method"], r["algorithm"]))
     base = {(t, temp): aggregate(rs)["tokens_per_second"]
             for (t, temp, m, _), rs in groups.items() if m == "target"}
+    builtin = {(t, temp): aggregate(rs)["tokens_per_second"]
+               for (t, temp, m, _), rs in groups.items() if m == "transformers"}
     rows = []
     for (task, temperature, method, algorithm), group in groups.items():
         totals = aggregate(group)
@@ -281,10 +332,90 @@ def summarize_results(records: list[dict], step_seconds: dict[str, float]) -> li
             totals.update(mean_lookahead=None)
         rows.append({
             "task": task, "temperature": temperature, "method": method, "label": group[0]["label"],
-            "algorithm": algorithm, **totals, "speedup": speedup, "cost_ratio": cost,
+            "algorithm": algorithm, **totals, "speedup": speedup,
+            "vs_transformers": (_ratio(totals["tokens_per_second"], builtin[(task, temperature)])
+                                if method in HETSPEC_METHODS and (task, temperature) in builtin else None),
+            "cost_ratio": cost,
             "theoretical_speedup": theory, "bound_ratio": _ratio(speedup, theory) if theory else None,
         })
     return rows
+
+
+def geometric_mean(values: list[float]) -> float | None:
+    """``exp(mean(log v))`` of positive ``values``; ``None`` for none (or a value <= 0: no tokens/s)."""
+    if not values or any(v is None or v <= 0 for v in values):
+        return None
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def prompt_speedups(records: list[dict]) -> list[dict]:
+    """Per prompt, seed and method, the speedup over the target alone on that same prompt and seed.
+
+    A prompt's tokens/s is its new tokens over its seconds, summed over its turns (``mt_bench`` has two); the
+    speedup divides it by the target alone's on the same prompt, temperature and seed.
+
+    Returns:
+        ``[{"task", "prompt_id", "temperature", "seed", "method", "label", "speedup"}]``, methods other than
+        the target alone, sweep records skipped.
+    """
+    main = [r for r in records if not r["sweep"]]
+    groups = _groups(main, lambda r: (r["task"], r["prompt_id"], r["temperature"], r["seed"], r["label"]))
+    speed = {key: aggregate(group)["tokens_per_second"] for key, group in groups.items()}
+    rows = []
+    for (task, prompt_id, temperature, seed, label), group in groups.items():
+        if group[0]["method"] == "target":
+            continue
+        base = speed[(task, prompt_id, temperature, seed, method_label("target"))]
+        rows.append({"task": task, "prompt_id": prompt_id, "temperature": temperature, "seed": seed,
+                     "method": group[0]["method"], "label": label,
+                     "speedup": _ratio(speed[(task, prompt_id, temperature, seed, label)], base)})
+    return rows
+
+
+def suite_summary(results: list[dict], records: list[dict], half: str) -> dict:
+    """``suite_summary`` of ``bench.json``: the headline figures of a run.
+
+    * ``geomean``: per temperature and method (not the target alone), the geometric mean over the Spec-Bench
+      categories of the run (:data:`~hf_hetspec.tools.tasks.SPEC_BENCH_CATEGORIES`) of the category speedups
+      (``speedup``) and, for hf_hetspec, of its tokens/s over transformers UAG's (``vs_transformers``);
+      ``categories`` names the categories it is over (the suite runs all six).
+    * ``min_prompt_speedup``: per temperature and method, the slowest single prompt of every task of the run
+      (:func:`prompt_speedups`), its task, id and seed, and how many prompts fell below
+      :data:`PROMPT_SPEEDUP_FLOOR`.
+    * ``calls``, ``contended_calls``, ``load_max``: over every call of the run (:func:`contended`).
+    """
+    main = [r for r in results if r["method"] != "target"]
+    categories = [c for c in SPEC_BENCH_CATEGORIES if any(r["task"] == c for r in main)]
+    geomean = []
+    for temperature, label in dict.fromkeys((r["temperature"], r["label"]) for r in main):
+        rows = [r for r in main if (r["temperature"], r["label"]) == (temperature, label) and r["task"] in categories]
+        if not rows:
+            continue
+        ratios = [r["vs_transformers"] for r in rows]
+        geomean.append({
+            "temperature": temperature, "method": rows[0]["method"], "label": label,
+            "categories": [r["task"] for r in rows],
+            "speedup": geometric_mean([r["speedup"] for r in rows]),
+            "vs_transformers": None if None in ratios else geometric_mean(ratios),
+        })
+    per_prompt = prompt_speedups(records)
+    minimum = []
+    for temperature, label in dict.fromkeys((r["temperature"], r["label"]) for r in per_prompt):
+        rows = [r for r in per_prompt if (r["temperature"], r["label"]) == (temperature, label)
+                and r["speedup"] is not None]
+        if not rows:
+            continue
+        worst = min(rows, key=lambda r: r["speedup"])
+        minimum.append({
+            "temperature": temperature, "method": worst["method"], "label": label, "speedup": worst["speedup"],
+            "task": worst["task"], "prompt_id": worst["prompt_id"], "seed": worst["seed"], "prompts": len(rows),
+            "below_floor": sum(r["speedup"] < PROMPT_SPEEDUP_FLOOR for r in rows),
+        })
+    totals = aggregate(records) if records else {"load_max": None, "contended_calls": 0}
+    return {"half": half, "categories": categories, "geomean": geomean, "min_prompt_speedup": minimum,
+            "prompt_speedup_floor": PROMPT_SPEEDUP_FLOOR, "calls": len(records),
+            "contended_calls": totals["contended_calls"], "load_max": totals["load_max"],
+            "contended_rule": f"1-minute load average before or after a call > torch threads + {CONTENDED_MARGIN}"}
 
 
 def summarize_sweep(records: list[dict]) -> list[dict]:
@@ -331,8 +462,11 @@ def summarize_sweep(records: list[dict]) -> list[dict]:
 
 
 def _settings(args) -> dict:
-    """``--quick`` defaults under the flags the user gave; raises CLIError for values out of range."""
-    base = QUICK if args.quick else DEFAULTS
+    """``--suite`` or ``--quick`` defaults under the flags the user gave; raises CLIError for values out of
+    range."""
+    if args.suite and args.quick:
+        raise CLIError(f"--suite {args.suite} and --quick are two presets: pass one")
+    base = SUITES[args.suite] if args.suite else QUICK if args.quick else DEFAULTS
     tasks = args.tasks or base["tasks"]
     if args.prompts is not None:
         if args.prompts < 1:
@@ -349,6 +483,8 @@ def _settings(args) -> dict:
         "seeds": args.seeds if args.seeds is not None else base["seeds"],
         "algorithms": list(dict.fromkeys(args.algorithms or base["algorithms"])),
         "sweep": sorted(set(args.lookahead_sweep or [])),
+        "half": args.half or base.get("half", "all"),
+        "source": args.source or base.get("source", "auto"),
     }
     if settings["max_new_tokens"] < 1:
         raise CLIError(f"--max-new-tokens {settings['max_new_tokens']}: must be at least 1")
@@ -391,10 +527,12 @@ def cmd_bench(args) -> int:
     out_dir = _check_outputs(args)
     spec_bench = Path(args.spec_bench).expanduser() if args.spec_bench else DEFAULT_SPEC_BENCH
     hub_tasks = [t for t in settings["tasks"] if t in HUB_DATASETS]
-    hub = hub_status() if args.source != "local" and hub_tasks else (False, f"--source {args.source}")
-    if args.source == "hub" and hub_tasks and not hub[0]:
+    source = settings["source"]
+    hub = hub_status() if source != "local" and hub_tasks else (False, f"--source {source}")
+    if source == "hub" and hub_tasks and not hub[0]:
         raise CLIError(f"--source hub: the Hugging Face Hub cannot be used ({hub[1]}); use --source local")
-    needs_file = [t for t in settings["tasks"] if t != "code" and not (t in HUB_DATASETS and hub[0])]
+    needs_file = [t for t in settings["tasks"]
+                  if t not in HUMANEVAL_TASKS and not (t in HUB_DATASETS and hub[0] and source != "local")]
     if needs_file and not spec_bench.is_file():
         raise CLIError(f"--tasks {' '.join(needs_file)} read Spec-Bench's question.jsonl: --spec-bench "
                        f"{spec_bench} does not exist; download it from {SPEC_BENCH_URL}")
@@ -404,7 +542,8 @@ def cmd_bench(args) -> int:
     for flag, name in models:
         check_model_argument(flag, name)
     set_threads(args.threads)
-    prompts, sources = load_prompts(settings["tasks"], settings["counts"], spec_bench, args.source, hub)
+    prompts, sources = load_prompts(settings["tasks"], settings["counts"], spec_bench, source, hub,
+                                    settings["half"])
     for _, name in models:
         if name in zoo.MODELS:
             fetch_model(name)
@@ -480,6 +619,8 @@ def cmd_bench(args) -> int:
             "dtype": str(next(target.parameters()).dtype).removeprefix("torch."), "device": device,
             "max_new_tokens": settings["max_new_tokens"], "tasks": settings["tasks"],
             "prompts_per_task": {t: sum(p.task == t for p in prompts) for t in settings["tasks"]},
+            "suite": args.suite, "half": settings["half"], "half_rule": HALVES[settings["half"]],
+            "prompt_ids": {t: [p.prompt_id for p in prompts if p.task == t] for t in settings["tasks"]},
             "temperatures": temperatures, "seeds": seeds, "algorithms": settings["algorithms"],
             "loops": list(dict.fromkeys(args.loops)),
             "lookahead": args.lookahead, "lookahead_sweep": settings["sweep"], "chat_template": chat,
@@ -490,7 +631,8 @@ def cmd_bench(args) -> int:
             "command": shlex.join(["hf-hetspec", *getattr(args, "argv", ["bench"])]),
             "date": datetime.date.today().isoformat(), "hf_hetspec_version": __version__,
         },
-        "results": summarize_results(records, steps),
+        "results": (results := summarize_results(records, steps)),
+        "suite_summary": suite_summary(results, records, settings["half"]),
         "lookahead_sweep": summarize_sweep(records),
         "records": records,
     }
@@ -522,7 +664,7 @@ def add_command(sub) -> None:
                        help="also run transformers' standard assisted generation with this same-vocabulary "
                        "drafter (e.g. qwen2.5-coder-0.5b-instruct for the 1.5B target)")
     bench.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=None, metavar="ALG",
-                       help="hf_hetspec algorithms (default slem tli slrs; --quick: slem)")
+                       help="hf_hetspec algorithms (default slem tli slrs; --quick: slem; --suite: auto)")
     bench.add_argument("--drafter-runtime", choices=RUNTIMES, default="auto",
                        help="hf_hetspec's drafter runtime (generate(hetspec_drafter=...)): "
                        f"{', '.join(RUNTIMES)} (default auto)")
@@ -533,21 +675,30 @@ def add_command(sub) -> None:
     bench.add_argument("--no-transformers", action="store_true",
                        help="skip transformers' universal assisted generation")
     bench.add_argument("--tasks", nargs="+", choices=TASKS, default=None, metavar="TASK",
-                       help=f"of {', '.join(TASKS)} (default all; --quick: code summarization)")
+                       help=f"of {', '.join(TASKS)} (default all; --quick: code summarization; --suite: all)")
     bench.add_argument("--prompts", type=int, default=None, metavar="N",
-                       help="prompts per task (default 3; --quick: 2 code, 1 summarization)")
+                       help="prompts per task, the first N of --half (default 3; --quick: 2 code, "
+                       "1 summarization; --suite: 5)")
     bench.add_argument("--spec-bench", default=None, metavar="JSONL",
                        help=f"Spec-Bench's question.jsonl (default {DEFAULT_SPEC_BENCH}); get it from "
                        f"{SPEC_BENCH_URL}")
-    bench.add_argument("--source", choices=("auto", "local", "hub"), default="auto",
-                       help="prompts of code/summarization/rag: Hub datasets when reachable (auto, default), "
-                       "always local files (local), or the Hub or an error (hub)")
+    bench.add_argument("--source", choices=("auto", "local", "hub"), default=None,
+                       help="prompts of code/code_completion/summarization/rag: Hub datasets when reachable "
+                       "(auto, default), always local files (local; --suite's default), or the Hub or an error (hub)")
+    bench.add_argument("--suite", choices=tuple(SUITES), default=None,
+                       help="a preset evaluation: spec-bench = the six Spec-Bench categories, HumanEval as chat "
+                       "(code) and as plain completion (code_completion), 5 prompts each of the report half, "
+                       "greedy and T=1 seed 0, 64 tokens, target alone, transformers UAG, hf_hetspec auto; "
+                       "every other flag overrides its value")
+    bench.add_argument("--half", choices=tuple(HALVES), default=None,
+                       help="which prompts of each category: tune (even positions in file order), report "
+                       "(odd positions) or all (default all; --suite: report)")
     bench.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
-                       help="default 128 (--quick: 64)")
+                       help="default 128 (--quick, --suite: 64)")
     bench.add_argument("--temperatures", type=float, nargs="+", default=None, metavar="T",
-                       help="0 = greedy (default 0 1; --quick: 0)")
+                       help="0 = greedy (default 0 1, --suite too; --quick: 0)")
     bench.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
-                       help="seeds of the sampled runs (default 0 1 2; --quick: 0)")
+                       help="seeds of the sampled runs (default 0 1 2; --quick, --suite: 0)")
     bench.add_argument("--lookahead", type=int, default=None, metavar="K",
                        help="fixed lookahead for every assisted method (default: each method's schedule)")
     bench.add_argument("--lookahead-sweep", type=int, nargs="+", default=None, metavar="K",

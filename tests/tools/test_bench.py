@@ -17,12 +17,13 @@ RESULT_FIELDS = {
     "task", "temperature", "method", "label", "algorithm", "runs", "new_tokens", "seconds",
     "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate", "alpha", "tokens_per_forward",
     "drafter_s", "target_s", "translation_s", "peak_memory_mb", "identical", "tie", "different",
-    "mean_lookahead", "cost_ratio", "theoretical_speedup", "bound_ratio",
+    "mean_lookahead", "cost_ratio", "theoretical_speedup", "bound_ratio", "vs_transformers", "load_max",
+    "contended_calls",
 }
 CONFIG_FIELDS = {
     "target", "drafter", "homogeneous_drafter", "dtype", "device", "max_new_tokens", "tasks",
     "prompts_per_task", "temperatures", "seeds", "algorithms", "lookahead", "chat_template", "command",
-    "date", "hf_hetspec_version",
+    "date", "hf_hetspec_version", "suite", "half", "half_rule", "prompt_ids",
 }
 
 
@@ -55,13 +56,15 @@ def full_run(models, spec_bench_file, tmp_path_factory):
 def test_bench_writes_the_documented_json_tables_and_plots(full_run):
     code, out, result, argv, _ = full_run
     assert code == 0
-    assert set(result) == {"machine", "config", "results", "lookahead_sweep", "records"}
+    assert set(result) == {"machine", "config", "results", "suite_summary", "lookahead_sweep", "records"}
     config = result["config"]
     assert CONFIG_FIELDS <= set(config)
     assert config["command"] == "hf-hetspec " + " ".join(argv)
     assert config["tasks"] == ["summarization", "mt_bench"] and config["prompts_per_task"] == {
         "summarization": 1, "mt_bench": 1}
     assert config["chat_template"] is True and config["dtype"] == "float32"
+    assert (config["suite"], config["half"]) == (None, "all")
+    assert config["prompt_ids"] == {"summarization": ["spec-bench/4"], "mt_bench": ["spec-bench/1"]}
     assert config["data_sources"]["summarization"].startswith("Spec-Bench")
     assert all(set(row) == RESULT_FIELDS for row in result["results"])
     labels = {row["label"] for row in result["results"]}
