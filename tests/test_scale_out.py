@@ -6,10 +6,12 @@
   over gloo (``torch.multiprocessing``, a file rendezvous in ``tmp_path``, a 60 s collective timeout so that
   ranks that disagree fail instead of waiting for each other).
 
-In both, greedy output is token for token the target's own greedy output for SLEM, TLI and SLRS, on a prompt
-whose drafts are all accepted and on one whose drafts are rejected (the target's cache is rolled back). A seeded
-sampled call gives the same tokens on both ranks of the tensor-parallel target: every rank drafts, verifies and
-accepts the same tokens, as it must, since each target forward is a collective of both ranks.
+In both, greedy output is token for token the target's own greedy output for SLEM, TLI and SLRS, in
+hf_hetspec's loop and in transformers' assisted-generation loop (``hetspec_loop``), on a prompt whose drafts
+are all accepted and on one whose drafts are rejected (the target's cache is rolled back). A seeded sampled
+call gives the same tokens on both ranks of the tensor-parallel target: every rank drafts, verifies and
+accepts the same tokens, as it must, since each target forward is a collective of both ranks (ranks that
+disagreed would run forwards of different shapes; gloo aborts).
 
 hf_hetspec has no code for either path: it feeds the target on the device of its input embeddings and leaves
 the rest to accelerate's hooks and transformers' DTensor layers; these tests keep that true.
@@ -27,6 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_hetspec
+from hf_hetspec.checks import LOOPS
 
 ALGORITHMS = ("slem", "tli", "slrs")
 #: The first prompt continues a corpus document (every draft accepted); the toy pair's drafts after the second,
@@ -62,14 +65,17 @@ def _hetspec(target, drafter, tokenizers, ids, algorithm, **kwargs) -> tuple[tor
 
 
 def _greedy_runs(target, drafter, tokenizers) -> dict:
-    """Per prompt: the target's greedy output alone and each algorithm's, with its rejection count (lists)."""
+    """Per prompt: the target's greedy output alone (``"alone"``) and each algorithm's in each decoding loop
+    (``"slem/hetspec"``, ..., ``"slrs/transformers"``), with its rejection count (lists, for JSON)."""
     runs = {}
     for prompt in PROMPTS:
         ids = tokenizers[0](prompt, return_tensors="pt").input_ids
         run = {"alone": target.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False).tolist()}
         for algorithm in ALGORITHMS:
-            out, stats = _hetspec(target, drafter, tokenizers, ids, algorithm, do_sample=False)
-            run[algorithm] = {"tokens": out.tolist(), "rejections": stats.rejections}
+            for loop in LOOPS:
+                out, stats = _hetspec(target, drafter, tokenizers, ids, algorithm, do_sample=False,
+                                      hetspec_loop=loop)
+                run[f"{algorithm}/{loop}"] = {"tokens": out.tolist(), "rejections": stats.rejections}
         runs[prompt] = run
     return runs
 
@@ -87,15 +93,17 @@ def _sampled_runs(target, drafter, tokenizers) -> dict:
 
 
 def _assert_greedy_identical(runs: dict, expected: dict[str, list], where: str) -> None:
-    """Every algorithm's greedy output equals the plain target's ``expected[prompt]``; drafts were rejected."""
+    """Every algorithm's greedy output in every loop equals the plain target's ``expected[prompt]``; drafts
+    were rejected in each."""
+    keys = [f"{algorithm}/{loop}" for algorithm in ALGORITHMS for loop in LOOPS]
     for prompt, run in runs.items():
         assert run["alone"] == expected[prompt], f"{where}: the split target alone differs from the whole one"
-        for algorithm in ALGORITHMS:
-            got = run[algorithm]["tokens"]
-            assert got == expected[prompt], f"{where}, {algorithm}, {prompt!r}: {got} != {expected[prompt]}"
-    for algorithm in ALGORITHMS:
-        assert sum(run[algorithm]["rejections"] for run in runs.values()) > 0, (
-            f"{where}, {algorithm}: no draft was rejected, so the cache rollback went untested")
+        for key in keys:
+            got = run[key]["tokens"]
+            assert got == expected[prompt], f"{where}, {key}, {prompt!r}: {got} != {expected[prompt]}"
+    for key in keys:
+        assert sum(run[key]["rejections"] for run in runs.values()) > 0, (
+            f"{where}, {key}: no draft was rejected, so the cache rollback went untested")
 
 
 @pytest.fixture(scope="module")
