@@ -110,7 +110,7 @@ from .. import __version__
 from ..checks import ALGORITHMS, LOOPS
 from ..runtime import RUNTIMES, prepare_drafter
 from ..stats import acceptance_rate, alpha
-from . import pairing, progress, zoo
+from . import pairing, pairing_vllm, progress, zoo
 from .analyze import expected_speedup
 from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_TOKENS, CLIError, busy_cpus_note,
                      check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
@@ -642,6 +642,7 @@ def cmd_bench(args) -> int:
             "cost_ratio_method": COST_RATIO_METHOD,
             "drafter_runtime": {"runtime": prepared.runtime, "prepare_s": prepared.prepare_s,
                                 "memory_mb": prepared.memory_bytes / 2**20},
+            "special_tokens": pairing_vllm.special_tokens(target_tok, drafter_tok),
             "command": shlex.join(["hf-hetspec", *getattr(args, "argv", ["bench"])]),
             "date": datetime.date.today().isoformat(), "hf_hetspec_version": __version__,
         },

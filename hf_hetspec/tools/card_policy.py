@@ -144,7 +144,25 @@ def check_metadata(metadata, where: str = "hf_hetspec") -> dict:
     for i, row in enumerate(metadata.get("speedups") or []):
         for key in ("temperature", "speedup", "tokens_per_second", "acceptance_rate"):
             _field(row, key, _number, "a number", f"{where}.speedups[{i}]")
+    _field(metadata, "special_tokens", _special_tokens, "a mapping of target and drafter to their unk_token, "
+           "unk_token_id, eos_token, eos_token_id (strings, integers or null)", where)
     return metadata
+
+
+def _special_tokens(value) -> bool:
+    """The shape :func:`hf_hetspec.tools.pairing_vllm.special_tokens` writes; a card's values are only printed."""
+    def token(v):
+        return v is None or isinstance(v, str)
+
+    def token_id(v):
+        return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+    return isinstance(value, dict) and all(
+        isinstance(value.get(role), dict)
+        and set(value[role]) <= {"unk_token", "unk_token_id", "eos_token", "eos_token_id"}
+        and all((token_id if name.endswith("_id") else token)(v) for name, v in value[role].items())
+        for role in value
+    ) and set(value) <= {"target", "drafter"}
 
 
 def model_reference(reference: str, card_folder: Path | None) -> str:

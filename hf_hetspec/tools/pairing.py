@@ -17,18 +17,22 @@ fastest. It is published as a model card (``README.md`` made with ``huggingface_
       - {temperature: 0.0, algorithm: slem, lookahead: null, speedup: 1.92, settings: {...}}
       speedups: [{task: code, temperature: 0.0, method: hf_hetspec, algorithm: slem, speedup: 1.92, ...}]
       hardware: ..., device: cpu, dtype: bfloat16, torch: ..., transformers: 5.23.0, date: ..., command: ...
+      special_tokens:                               # what vLLM's TLI needs (hf_hetspec.tools.pairing_vllm)
+        target: {unk_token: null, unk_token_id: null, eos_token: <|im_end|>, eos_token_id: 151645}
+        drafter: {unk_token: <|endoftext|>, unk_token_id: 0, eos_token: <|im_end|>, eos_token_id: 2}
 
 The recommended algorithm at a temperature is the hf_hetspec algorithm with the best geometric-mean
 speedup over the benchmark's tasks at that temperature. The card's body holds the table, the plots, the
 command that reproduces the numbers, how to use the pairing with hf_hetspec, and the equivalent vLLM
-settings.
+settings with whether vLLM's TLI can use the pair (``hf-hetspec pairing show`` prints them too).
 
 :func:`load` reads a card from a folder or a Hub repository (only ``README.md`` is downloaded; no code from
 the Hub is executed; models load with :func:`hf_hetspec.tools.zoo.load`, which never trusts remote code). What a
 card may set, and where its models may come from, is :mod:`hf_hetspec.tools.card_policy` (its threat model).
 
 The parts: :mod:`~hf_hetspec.tools.pairing_card` writes a card, :mod:`~hf_hetspec.tools.pairing_load` reads
-one, :mod:`~hf_hetspec.tools.pairing_push` publishes one; this module re-exports them and holds the
+one, :mod:`~hf_hetspec.tools.pairing_push` publishes one, :mod:`~hf_hetspec.tools.pairing_vllm` gives its vLLM
+settings; this module re-exports them and holds the
 ``hf-hetspec pairing {show,push}`` commands.
 """
 
@@ -51,6 +55,7 @@ from .pairing_card import (  # noqa: F401
 )
 from .pairing_load import HUB_PROBE_SECONDS, MAX_CARD_BYTES, Pairing, load, read_card  # noqa: F401
 from .pairing_push import push  # noqa: F401
+from .pairing_vllm import serve_command, tli_notes
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -59,7 +64,8 @@ from .pairing_push import push  # noqa: F401
 
 
 def cmd_show(args) -> int:
-    """``hf-hetspec pairing show``: the card's models, recommended settings and measured speedups."""
+    """``hf-hetspec pairing show``: the card's models, recommended settings, measured speedups, and its vLLM
+    settings with whether vLLM's TLI can use the pair (:mod:`~hf_hetspec.tools.pairing_vllm`)."""
     import json
 
     try:
@@ -88,6 +94,12 @@ def cmd_show(args) -> int:
     out.print(table)
     if metadata.get("command"):
         out.print(f"reproduce: {metadata['command']}", markup=False)
+    out.print("serving many users: vLLM, TLI only, greedy drafts (SLEM and SLRS have no vLLM counterpart):",
+              markup=False)
+    out.print(f"  {serve_command(metadata['target'], metadata['drafter'], metadata.get('lookahead'))}",
+              markup=False, soft_wrap=True)
+    for note in tli_notes(metadata.get("special_tokens")):
+        out.print(f"  {note}", markup=False)
     return 0
 
 
@@ -111,7 +123,8 @@ def add_command(sub) -> None:
                             description="Drafter pairings are model cards (README.md with hf_hetspec metadata) "
                             "written by `hf-hetspec bench --write-card`.")
     actions = parser.add_subparsers(dest="pairing_command", required=True, metavar="{show,push}")
-    show = actions.add_parser("show", help="print a card's models, recommended settings and speedups")
+    show = actions.add_parser("show", help="print a card's models, recommended settings, speedups and vLLM "
+                              "settings")
     show.add_argument("card", metavar="PATH_OR_REPO", help="folder, README.md, or Hub repository id")
     show.add_argument("--json", action="store_true", help="print the card's hf_hetspec metadata as JSON")
     show.set_defaults(func=cmd_show)

@@ -15,9 +15,9 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from .. import __version__
-from ..plan import DEFAULT_LOOKAHEAD
 from . import zoo
 from .card_policy import FORMAT, PairingError
+from .pairing_vllm import serve_command, speculative_config, tli_notes
 from .runner import METHOD_LABELS, method_label
 
 CARD_KEY = "hf_hetspec"
@@ -223,16 +223,13 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _vllm_section(target: str, drafter: str, lookahead: int | None) -> str:
-    import json
-
-    k = lookahead if lookahead is not None else DEFAULT_LOOKAHEAD
+def _vllm_section(target: str, drafter: str, lookahead: int | None, tokens: dict | None) -> str:
+    k = speculative_config(drafter, lookahead)["num_speculative_tokens"]
     if lookahead is not None:
         lookahead_note = f"the benchmark above used a fixed lookahead of {k}"
     else:
         lookahead_note = f"hf_hetspec adapted it here, and {k} is where its adaptive schedule starts"
-    config = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k,
-              "use_heterogeneous_vocab": True}
+    notes = tli_notes(tokens)
     return f"""## Equivalent vLLM settings
 
 vLLM's draft-model speculative decoding accepts a drafter with another vocabulary through
@@ -247,13 +244,18 @@ not merged when this card was written). Differences from hf_hetspec's TLI, from 
   counts), not hf_hetspec's byte-exact rule;
 - it requires `method="draft_model"` and supports greedy draft sampling only (the vLLM docs: probabilistic
   draft sampling is not yet supported with this option);
-- the lookahead is fixed (`num_speculative_tokens`); {lookahead_note}.
+- the lookahead is fixed (`num_speculative_tokens`); {lookahead_note};
+- each target token outside the shared vocabulary reaches the drafter as one stand-in id: the drafter's
+  `unk_token_id`, else its `eos_token_id` with a warning; a tokenizer with neither is refused
+  (`vocab_mapping.py`).
+
+**With vLLM:** {"; ".join(notes)}.
 
 Both models must be architectures vLLM supports. The numbers on this card were measured with hf_hetspec,
 not vLLM.
 
 ```bash
-vllm serve {target} --speculative-config '{json.dumps(config)}'
+{serve_command(target, drafter, lookahead)}
 ```
 """
 
@@ -304,6 +306,7 @@ def write_card(result: dict, out_dir: Path, plots: dict[str, Path] | None = None
                              for k, v in r.items()} for r in result.get("lookahead_sweep") or []
                             if r.get("lookahead") == "adaptive"],
         "max_new_tokens": config.get("max_new_tokens"),
+        "special_tokens": config.get("special_tokens"),
     }
     data = ModelCardData(
         base_model=target,
@@ -381,7 +384,7 @@ print(hf_hetspec.last_stats(p.target).summary())
 
 `p.generate_kwargs(temperature=1.0)` gives the settings measured best for sampling at that temperature.
 
-{_vllm_section(target, drafter, first["lookahead"])}
+{_vllm_section(target, drafter, first["lookahead"], metadata["special_tokens"])}
 ## Models
 
 This card holds no weights: the target and the drafter are loaded from their own repositories, under their

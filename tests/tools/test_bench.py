@@ -23,7 +23,7 @@ RESULT_FIELDS = {
 CONFIG_FIELDS = {
     "target", "drafter", "homogeneous_drafter", "dtype", "device", "max_new_tokens", "tasks",
     "prompts_per_task", "temperatures", "seeds", "algorithms", "lookahead", "chat_template", "command",
-    "date", "hf_hetspec_version", "suite", "half", "half_rule", "prompt_ids",
+    "date", "hf_hetspec_version", "suite", "half", "half_rule", "prompt_ids", "special_tokens",
 }
 
 
@@ -261,6 +261,14 @@ def test_write_card_with_the_real_pairing_module(models, spec_bench_file, tmp_pa
                       "--write-card", str(card))
     assert cli.main(argv) == 0
     assert (card / "bench.json").is_file() and (card / "README.md").is_file()
+    # the tokens vLLM's TLI stands in for tokens outside the intersection, recorded from the two tokenizers
+    from transformers import AutoTokenizer
+
+    from hf_hetspec.tools import pairing_vllm
+
+    tokenizers = (AutoTokenizer.from_pretrained(models[k]) for k in ("target", "drafter"))
+    expected = pairing_vllm.special_tokens(*tokenizers)
+    assert pairing.read_card(card)[1]["special_tokens"] == expected
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 
 import hf_hetspec
 from conftest import save_toy_models
-from hf_hetspec.tools import cli, pairing, pairing_load, zoo
+from hf_hetspec.tools import cli, pairing, pairing_load, pairing_vllm, zoo
 from hf_hetspec.tools.pairing import PairingError
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16  # only copied, never decoded
@@ -291,6 +291,76 @@ def test_cli_show(tmp_path, capsys):
     assert cli.main(["pairing", "show", str(tmp_path)]) == 2
     assert "has no README.md" in capsys.readouterr().err
     assert zoo.MODELS["smollm2-135m-instruct"].hub_id == pairing.hub_id("smollm2-135m-instruct")
+
+
+#: The repository's cards and the real tokenizers (``../shared/tokenizers``) of their target and drafter.
+REPO_CARDS = {
+    "qwen2.5-coder-1.5b-instruct__smollm2-135m-instruct": ("qwen2.5-coder", "smollm2"),
+    "qwen2.5-coder-1.5b-instruct__gemma-3-270m": ("qwen2.5-coder", "gemma3"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPO_CARDS))
+def test_cli_show_prints_the_vllm_settings_of_a_repository_card(name, real_tokenizer, capsys):
+    """``pairing show`` prints the card's ``vllm serve`` line and whether vLLM's TLI can use the pair, from the
+    special tokens the card records, which are those of the real tokenizers (vLLM stands the drafter's
+    ``unk_token_id`` in for target tokens outside the intersection; Qwen2.5-Coder has none: its EOS)."""
+    folder = Path(__file__).resolve().parents[2] / "model_cards" / name
+    _, metadata = pairing.read_card(folder)
+    tokenizers = [real_tokenizer(n) for n in REPO_CARDS[name]]
+    assert metadata["special_tokens"] == pairing_vllm.special_tokens(*tokenizers)
+    assert tokenizers[0].unk_token_id is None and tokenizers[1].unk_token_id is not None
+    assert cli.main(["pairing", "show", str(folder)]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "vllm serve" in line)
+    assert line.strip().startswith(f"vllm serve {metadata['target']} --speculative-config '")
+    config = json.loads(line.split("--speculative-config '")[1].rstrip("'"))
+    assert config == {"method": "draft_model", "model": metadata["drafter"], "num_speculative_tokens": 5,
+                      "use_heterogeneous_vocab": True}
+    drafter = tokenizers[1]
+    assert "vLLM's TLI can use this pair" in out
+    assert f"reach the drafter as its unk token `{drafter.unk_token}` (id {drafter.unk_token_id})" in out
+    assert "the target has no unk token: vLLM falls back to its EOS `<|im_end|>` (id 151645)" in out
+    assert "TLI only, greedy drafts" in out
+    body = ModelCard.load(folder / "README.md").text
+    assert f"**With vLLM:** vLLM's TLI can use this pair; target tokens outside the shared vocabulary reach the " \
+           f"drafter as its unk token `{drafter.unk_token}`" in body
+
+
+def _tokens(unk=None, unk_id=None, eos=None, eos_id=None) -> dict:
+    return {"unk_token": unk, "unk_token_id": unk_id, "eos_token": eos, "eos_token_id": eos_id}
+
+
+def test_vllm_verdict_follows_the_unk_and_eos_tokens(tmp_path, capsys):
+    """vLLM's ``VocabMapping`` uses a tokenizer's unk id, else its EOS id (with a warning), else refuses."""
+    result = bench_result()
+    result["config"]["special_tokens"] = {"target": _tokens(unk="<unk>", unk_id=0),
+                                          "drafter": _tokens(eos="</s>", eos_id=2)}
+    pairing.write_card(result, tmp_path / "eos")
+    assert cli.main(["pairing", "show", str(tmp_path / "eos")]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM's TLI can use this pair" in out
+    assert "reach the drafter as its EOS (it has no unk token; vLLM warns) token `</s>` (id 2)" in out
+    assert "the target has no unk token" not in out
+
+    result["config"]["special_tokens"]["drafter"] = _tokens()
+    pairing.write_card(result, tmp_path / "neither")
+    assert cli.main(["pairing", "show", str(tmp_path / "neither")]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM's TLI cannot use this pair: a tokenizer has neither an unk nor an EOS token" in out
+    assert "cannot use this pair" in (tmp_path / "neither" / "README.md").read_text()
+
+    pairing.write_card(bench_result(), tmp_path / "unrecorded")  # a card written before they were recorded
+    assert cli.main(["pairing", "show", str(tmp_path / "unrecorded")]) == 0
+    assert "the card does not record the tokenizers' unk and EOS tokens" in capsys.readouterr().out
+
+
+def test_card_with_malformed_special_tokens_is_refused(tmp_path):
+    result = bench_result()
+    result["config"]["special_tokens"] = {"target": _tokens(unk_id="0"), "drafter": _tokens()}
+    pairing.write_card(result, tmp_path)
+    with pytest.raises(PairingError, match=r"special_tokens = .*must be a mapping of target and drafter"):
+        pairing.read_card(tmp_path)
 
 
 def test_push_with_custom_generate_uploads_the_folder_in_the_same_commit(tmp_path, monkeypatch):
