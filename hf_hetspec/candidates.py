@@ -6,13 +6,15 @@ candidate_logits)``, verifies it in one target forward and reports back, ``updat
 scores, num_matches)``. Verification is chosen by ``candidate_logits``:
 
 * ``None``: exact match -- greedy against the target's argmax, sampling by sampling every position from the
-  target (``p``) and keeping the prefix that equals the draft. That is SLEM (Timor et al. 2025, Algorithm 2)
-  and every greedy call;
+  target (``p``) and keeping the prefix that equals the draft. That is SLEM (Timor et al. 2025, Algorithm 2),
+  every greedy call, every argmax draft of a sampled call (exact-match sampling keeps a point-mass draft token
+  with probability ``p(x)``, as speculative sampling against its one-hot ``q`` would) and every context-lookup
+  draft (:mod:`hf_hetspec.sources`);
 * logits of shape ``(1, k, V_target)``: speculative sampling (Leviathan et al. 2023, Algorithm 1) against
   ``softmax(candidate_logits)``. It is exact when that softmax is the distribution each draft token was drawn
-  from, over target ids: TLI's ``q`` pushed onto target ids (Algorithm 4), SLRS's ``psi`` (Algorithm 3), or
-  the one-hot ``q`` of a greedy draft. The generators hand over ``log q`` (``-inf`` outside the support),
-  whose softmax is ``q`` again.
+  from, over target ids: TLI's sampled ``q`` pushed onto target ids (Algorithm 4) or SLRS's ``psi``
+  (Algorithm 3). The generators hand over ``log q`` (``-inf`` outside the support), whose softmax is ``q``
+  again.
 
 The drafting is the proposers' (:mod:`hf_hetspec.slem`, :mod:`hf_hetspec.tli`, :mod:`hf_hetspec.slrs`, built
 by :func:`hf_hetspec.plan.build_proposer`), so both loops draft identically. A proposer follows the accepted
@@ -38,6 +40,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
 from .proposer import Draft, HeterogeneousProposer
 from .slem import SLEMProposer
+from .sources import SourcedProposer
 from .slrs import SLRSProposer
 from .stats import DecodingStats
 from .tli import TLIProposer
@@ -47,8 +50,9 @@ class HetspecCandidateGenerator(CandidateGenerator):
     :class:`SLRSCandidateGenerator`: one hf_hetspec proposer behind transformers' candidate interface.
 
     Args:
-        proposer: the algorithm's proposer for this call's prompt (:func:`hf_hetspec.plan.build_proposer`);
-            it must be an instance of the class's ``proposer_type``.
+        proposer: the algorithm's proposer for this call's prompt (:func:`hf_hetspec.plan.build_proposer`):
+            an instance of the class's ``proposer_type``, or a :class:`~hf_hetspec.sources.SourcedProposer`
+            around one (context lookup and back-off).
         stats: the call's statistics, updated in place (drafted / accepted tokens, target forwards, the
             target's time between a draft and its verification's report); default: the proposer's.
 
@@ -61,9 +65,11 @@ class HetspecCandidateGenerator(CandidateGenerator):
     proposer_type: type = HeterogeneousProposer
 
     def __init__(self, proposer: HeterogeneousProposer, stats: DecodingStats | None = None):
-        if not isinstance(proposer, self.proposer_type):
+        algorithm_proposer = proposer.inner if isinstance(proposer, SourcedProposer) else proposer
+        if not isinstance(algorithm_proposer, self.proposer_type):
             raise TypeError(f"{type(self).__name__} needs a {self.proposer_type.__name__}, got "
-                            f"{type(proposer).__name__}: use the generator class of the proposer's algorithm.")
+                            f"{type(algorithm_proposer).__name__}: use the generator class of the proposer's "
+                            "algorithm.")
         self.proposer = proposer
         self.stats = stats if stats is not None else proposer.stats
         self._drafted = 0
@@ -192,7 +198,7 @@ class TLICandidateGenerator(HetspecCandidateGenerator):
     """TLI (Timor et al. 2025, Algorithm 4) for transformers' loop: drafts from the vocabulary intersection
     (:class:`~hf_hetspec.tli.TLIProposer`, the drafter's logits restricted by
     :class:`~hf_hetspec.intersection.IntersectionLogitsProcessor`); sampled calls are verified by speculative
-    sampling against ``q`` pushed onto target ids (one-hot for greedy drafts), greedy calls by exact match.
+    sampling against ``q`` pushed onto target ids (exact match for argmax drafts), greedy calls by exact match.
 
     Unlike transformers' ``UniversalSpeculativeDecodingGenerator`` it keeps the target's distribution exactly.
     """
@@ -204,7 +210,7 @@ class TLICandidateGenerator(HetspecCandidateGenerator):
 class SLRSCandidateGenerator(HetspecCandidateGenerator):
     """SLRS (Timor et al. 2025, Algorithm 3, one-token indicator) for transformers' loop
     (:class:`~hf_hetspec.slrs.SLRSProposer`); sampled calls are verified by speculative sampling against
-    ``psi``, the push-forward of the drafter's ``q`` through the longest-prefix map (one-hot for greedy
+    ``psi``, the push-forward of the drafter's ``q`` through the longest-prefix map (exact match for argmax
     drafts), greedy calls by exact match."""
 
     algorithm = "slrs"

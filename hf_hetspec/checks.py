@@ -597,7 +597,7 @@ def check_draft_temperature(value, algorithm: str, do_sample: bool) -> None:
         )
 
 
-def check_verification(value, algorithm: str, do_sample: bool) -> None:
+def check_verification(value, algorithm: str, do_sample: bool, draft_temperature=None) -> None:
     """``hetspec_verification``: one of ``VERIFICATIONS``, and ``"block"`` only where it changes something.
 
     ``"token"`` (the default) is each algorithm's own verification and is accepted everywhere. ``"block"``
@@ -606,13 +606,21 @@ def check_verification(value, algorithm: str, do_sample: bool) -> None:
     verifies re-tokenized text by exact match and has no ``q``; a greedy call verifies against the argmax,
     where block verification would accept exactly the same prefix (with a one-hot ``p`` its weights are 1 up
     to the first mismatch and 0 after it). There it would be a silent no-op, so it is refused, like a
-    positive ``hetspec_draft_temperature``.
+    positive ``hetspec_draft_temperature``. For the same reason it needs sampled drafts: an argmax draft
+    (``hetspec_draft_temperature=0``) is a point mass, against which block verification keeps a prefix with the
+    same probabilities as exact-match sampling; without ``hetspec_draft_temperature`` the plan drafts at the
+    call's temperature (:func:`hf_hetspec.plan.make_plan`).
 
     Raises:
         ValueError: an unknown value, or ``"block"`` where it would have no effect.
     """
     if not isinstance(value, str) or value not in VERIFICATIONS:
         raise ValueError(f"hetspec_verification={value!r} is not known; use one of {', '.join(VERIFICATIONS)}.")
+    if value == "block" and draft_temperature == 0:
+        raise ValueError("hetspec_verification='block' with hetspec_draft_temperature=0: argmax drafts are "
+                         "verified by exact match, which keeps the same prefix as block verification would; "
+                         "pass a positive hetspec_draft_temperature (or none: the call's temperature) for block "
+                         "verification, or drop hetspec_verification.")
     if value == "block" and (algorithm == "slem" or not do_sample):
         raise ValueError(
             "hetspec_verification='block' has no effect here: "
@@ -632,8 +640,9 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
 
     Raises:
         TypeError: not a :class:`Schedule`.
-        ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, or transformers' schedule
-            settings given too (one of the two would be silently dropped).
+        ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, ``context_lookup`` or
+            ``back_off`` not a bool, a ``cost_ratio`` outside ``[0, 1)``, or transformers' schedule settings
+            given too (one of the two would be silently dropped).
     """
     if not isinstance(schedule, Schedule):
         raise TypeError(f"hetspec_schedule must be an hf_hetspec.Schedule, got {type(schedule).__name__}.")
@@ -649,6 +658,13 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
     if not isinstance(stop, DraftStop) or not all(
             isinstance(v, (int, float)) and 0.0 <= v < 1.0 for v in (stop.min_confidence, stop.min_joint)):
         raise ValueError(f"hetspec_schedule.stop={stop!r}: a DraftStop with cut-offs in [0, 1).")
+    for name in ("context_lookup", "back_off"):
+        if not isinstance(getattr(schedule, name), bool):
+            raise ValueError(f"hetspec_schedule.{name}={getattr(schedule, name)!r}: must be True or False.")
+    c = schedule.cost_ratio
+    if c is not None and not (isinstance(c, (int, float)) and not isinstance(c, bool) and 0.0 <= c < 1.0):
+        raise ValueError(f"hetspec_schedule.cost_ratio={c!r}: the drafter step's cost in target forwards, a "
+                         "number in [0, 1), or None for the drafter runtime's measured figure.")
     return schedule
 
 

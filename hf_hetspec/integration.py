@@ -74,8 +74,8 @@ def enable(model: PreTrainedModel) -> PreTrainedModel:
       depends on the runtime. Refused before any work (``ValueError``) when unknown, or an int8 runtime for a
       drafter off the CPU.
     * ``hetspec_draft_temperature`` (float >= 0, TLI and SLRS with ``do_sample=True``): how the drafter picks
-      its draft tokens. ``0``: its argmax, verified by speculative sampling against the one-hot ``q`` it came
-      from (acceptance ``p(x)``, as with exact-match sampling); the default with different vocabularies
+      its draft tokens. ``0``: its argmax, verified by exact-match sampling (acceptance ``p(x)``, as speculative
+      sampling against its one-hot ``q`` would give); the default with different vocabularies
       (:data:`hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`). ``t > 0``: a sample of its distribution at
       temperature ``t`` (the call's top-k/top-p still apply; ``t`` = the call's temperature is Algorithms 3 and
       4 as written, and the default with the target's own vocabulary). The output has the target's
@@ -287,7 +287,7 @@ class _TransformersLoop:
         sequences = out.sequences if hasattr(out, "sequences") else out
         self.stats.prompt_tokens = input_ids.shape[1]
         self.stats.new_tokens = sequences.shape[1] - input_ids.shape[1]
-        self.stats.drafter_truncated_tokens = generator.proposer.context.truncated_tokens
+        self.stats.drafter_truncated_tokens = generator.proposer.truncated_tokens
         self.stats.total_s = time.perf_counter() - began
         return out
 

@@ -52,10 +52,12 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
 )
 from .drafter import model_device
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
-from .proposer import DraftPolicy, HeterogeneousProposer
+from .proposer import DraftPolicy, HeterogeneousProposer, Proposer
 from .runtime import PreparedDrafter, prepare_drafter
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
+    COST_RATIOS,
     DEFAULT_LOOKAHEAD,
+    VERIFY_COST,
     MAX_LOOKAHEAD,
     SLEM_DEFAULTS,
     TOKEN_LEVEL_FLOORS,
@@ -65,14 +67,15 @@ from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import 
     choose_schedule,
 )
 from .slem import SLEMProposer
+from .sources import with_sources
 from .slrs import SLRSProposer
 from .stats import DecodingStats
 from .tli import TLIProposer
 
 #: How TLI and SLRS draft in a sampled call of a heterogeneous pair without ``hetspec_draft_temperature``
 #: (:func:`choose_draft_temperature`): ``0``, the drafter's argmax (over the intersection for TLI, of ``psi`` for
-#: SLRS), verified by speculative sampling against the one-hot ``q`` it came from, so a draft token ``x`` is
-#: accepted with probability ``p(x)``. A sample of ``q`` at the call's temperature (Algorithms 3 and 4 as
+#: SLRS), verified by exact-match sampling, so a draft token ``x`` is accepted with probability ``p(x)`` (as
+#: speculative sampling against the one-hot ``q`` it came from would, :class:`~hf_hetspec.proposer.DraftPolicy`). A sample of ``q`` at the call's temperature (Algorithms 3 and 4 as
 #: written; ``hetspec_draft_temperature=<the call's temperature>``) is accepted with probability
 #: ``sum min(p, q)``, lower when the drafter is less sure than the target. Either is exact (Leviathan et al.
 #: 2023, Thm. 1, for any ``q`` the draft was drawn from). Measured with benchmarks/compare_draft_settings.py,
@@ -281,7 +284,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     algorithm, reason = choose_algorithm(args.algorithm, identical=identical, do_sample=bool(config.do_sample),
                                          drafter_share=share)
     check_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample))
-    check_verification(args.verification, algorithm, bool(config.do_sample))
+    check_verification(args.verification, algorithm, bool(config.do_sample), args.draft_temperature)
 
     def explicit(name):  # a setting the user gave (keyword or passed GenerationConfig), not a model default
         if model_kwargs.get(name) is not None:
@@ -298,6 +301,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     prepared = prepare_drafter(drafter, args.drafter_runtime)
     schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime, **schedule_settings)
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
+    if args.verification == "block" and draft_temperature == 0:  # block verification needs drafts with a q
+        draft_temperature = float(config.temperature or 1.0)
     stop_strings, config.stop_strings = config.stop_strings, None
     # transformers tells "20 new tokens by default" from "max_length=20" by whether the call set it: leave the
     # lengths nobody set unset, so its own merge of this config fills them exactly as for plain decoding
@@ -339,8 +344,9 @@ def _rows(model) -> int:
 
 
 def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, generation_config: GenerationConfig,
-                   stats: DecodingStats, generator: torch.Generator | None) -> HeterogeneousProposer:
-    """The planned algorithm's proposer for one call.
+                   stats: DecodingStats, generator: torch.Generator | None) -> Proposer:
+    """The planned algorithm's proposer for one call, with the schedule's draft sources
+    (:mod:`hf_hetspec.sources`: context lookup, back-off).
 
     Args:
         plan: the call's plan.
@@ -358,27 +364,42 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
     )
     args = (plan.target_vocab, drafter, plan.drafter_vocab, input_ids)
     if plan.algorithm == "slem":
-        return SLEMProposer(*args, **common)
+        return _with_sources(plan, SLEMProposer(*args, **common), input_ids, generation_config, stats)
     common.update(
         policy=plan.draft_policy,
         generator=_drafter_generator(generator, model_device(drafter)),
         target_eos_ids=_eos_ids(generation_config),
     )
     if plan.algorithm == "slrs":
-        return SLRSProposer(*args, prefix_map=plan.prefix_map, target_size=len(plan.target_vocab), **common)
-    return TLIProposer(*args, intersection=plan.intersection, **common)
+        proposer = SLRSProposer(*args, prefix_map=plan.prefix_map, target_size=len(plan.target_vocab), **common)
+    else:
+        proposer = TLIProposer(*args, intersection=plan.intersection, **common)
+    return _with_sources(plan, proposer, input_ids, generation_config, stats)
+
+
+def _with_sources(plan: DecodingPlan, proposer, input_ids, generation_config, stats) -> Proposer:
+    """``proposer`` with the schedule's context lookup and back-off (:func:`hf_hetspec.sources.with_sources`),
+    counting the drafter's steps at the cost ratio of the runtime that really runs."""
+    schedule = plan.schedule
+    cost_ratio = schedule.cost_ratio if schedule.cost_ratio is not None else COST_RATIOS[plan.drafter.runtime]
+    return with_sources(proposer, input_ids, cost_ratio=cost_ratio, verify_cost=VERIFY_COST,
+                        lookup=schedule.context_lookup, back_off=schedule.back_off,
+                        max_length=generation_config.max_length, stats=stats)
 
 
 def choose_draft_policy(algorithm: str, config: GenerationConfig, draft_temperature: float | None) -> DraftPolicy | None:
     """How TLI and SLRS draft in this call (:class:`~hf_hetspec.proposer.DraftPolicy`): a greedy call drafts the
-    argmax and verifies by exact match; a sampled one hands verification a ``q``, and draws each token from it
-    unless ``draft_temperature`` (:func:`choose_draft_temperature`) is ``0`` (the argmax, one-hot ``q``).
-    ``None`` for SLEM."""
+    argmax and verifies by exact match; a sampled one draws each token from ``q`` and hands ``q`` to
+    verification, unless ``draft_temperature`` (:func:`choose_draft_temperature`) is ``0``: the drafter's argmax,
+    verified by exact-match sampling, which accepts each token with the same probability as speculative
+    sampling against a one-hot ``q`` (``p(x)``) and samples the same residual after a rejection, without a
+    ``(k, V_target)`` tensor per draft. ``None`` for SLEM."""
     if algorithm == "slem":
         return None
     if not config.do_sample:
         return DraftPolicy()
-    return DraftPolicy(sample=draft_temperature != 0, warpers=drafter_warpers(config, draft_temperature), needs_q=True)
+    sample = draft_temperature != 0
+    return DraftPolicy(sample=sample, warpers=drafter_warpers(config, draft_temperature), needs_q=sample)
 
 
 def drafter_warpers(config: GenerationConfig, draft_temperature: float | None = None) -> LogitsProcessorList:

@@ -35,8 +35,8 @@ class Draft:
     Attributes:
         target_ids: the ``k >= 0`` drafted target token ids.
         q (``torch.FloatTensor`` of shape ``(k, V_target)``, or ``None``): for speculative sampling, the
-            distribution each draft token was drawn from (TLI's ``q``, SLRS's ``psi``; one-hot for a greedy
-            draft); ``None`` for exact-match verification (SLEM, and every greedy call).
+            distribution each draft token was drawn from (TLI's ``q``, SLRS's ``psi``); ``None`` for
+            exact-match verification (SLEM, argmax drafts, context-lookup drafts, and every greedy call).
     """
 
     target_ids: list[int]
@@ -208,13 +208,20 @@ class DraftPolicy:
             top-p; a positive ``hetspec_draft_temperature`` replaces the call's temperature), applied before
             ``q`` is formed; empty for a greedy call. The target's id-indexed processors never touch the
             drafter.
-        needs_q: the call samples, so each draft is verified by speculative sampling against the
-            distribution it was drawn from (one-hot for an argmax draft); ``False``: exact match, no ``q``.
+        needs_q: the draft is sampled, so it is verified by speculative sampling against the distribution it
+            was drawn from; ``False``: exact match, no ``q`` (greedy calls, and argmax drafts in sampled calls:
+            exact-match sampling keeps an argmax draft token with probability ``p(x)``, as speculative
+            sampling against its one-hot ``q`` would, with no ``(k, V_target)`` tensor).
     """
 
     sample: bool = False
     warpers: LogitsProcessorList = field(default_factory=LogitsProcessorList)
     needs_q: bool = False
+
+    def __post_init__(self):
+        if self.needs_q and not self.sample:
+            raise ValueError("DraftPolicy(needs_q=True) needs sample=True: an argmax draft is a point mass, verified "
+                             "by exact match without a q.")
 
 
 @dataclass
@@ -293,13 +300,6 @@ class TokenLevelProposer(HeterogeneousProposer):
             scores = self.policy.warpers(torch.empty(1, 0, dtype=torch.long, device=scores.device), scores)
         return scores.softmax(dim=-1)
 
-    def one_hot_q(self, targets: list[int]) -> torch.Tensor:
-        """``q`` of argmax drafts, ``(k, V_target)`` on the drafter's device: 1 at each drafted target id, 0
-        elsewhere (the draft was certain to be that token)."""
-        q = torch.zeros(len(targets), self.target_size, device=self.context.device)
-        q[torch.arange(len(targets), device=q.device), torch.tensor(targets, device=q.device)] = 1.0
-        return q
-
     def token_level_length(self, budget: int) -> int:
         """Drafter tokens in the next draft: one target token per drafter token, so never more than can be
         verified (``budget``) or than the drafter's context holds."""
@@ -330,8 +330,6 @@ class TokenLevelProposer(HeterogeneousProposer):
         targets = [step.target for step in steps]
         if not self.policy.needs_q or not targets:
             return Draft(targets)
-        if not self.policy.sample:
-            return Draft(targets, self.one_hot_q(targets))
         return Draft(targets, torch.cat([step.proposal for step in steps], dim=0))  # [k, V_target]
 
     def _choose(self, logits: torch.Tensor) -> DraftStep:

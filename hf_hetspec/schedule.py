@@ -68,12 +68,33 @@ class Schedule:
             ``[min_lookahead, max(MAX_LOOKAHEAD, lookahead)]``.
         stop: ends a draft early from the drafter's confidence (:class:`DraftStop`).
         min_lookahead: the adaptive schedule's floor (transformers': 1).
+        context_lookup: a round may draft the continuation of an n-gram of the target's own ids instead of
+            asking the drafter (:mod:`hf_hetspec.sources`).
+        back_off: a round may draft nothing when the drafter's running yield per cost falls below the
+            target's own (:mod:`hf_hetspec.sources`).
+        cost_ratio: ``c`` the source policy counts per drafter step (target forwards); ``None``: the
+            runtime's :data:`COST_RATIOS` entry.
     """
 
     lookahead: int
     adaptive: bool
     stop: DraftStop = field(default_factory=DraftStop)
     min_lookahead: int = 1
+    context_lookup: bool = False
+    back_off: bool = False
+    cost_ratio: float | None = None
+
+
+#: ``v``: target forwards added to a verification by one more drafted token (a forward over ``k + 1`` tokens
+#: costs about ``1 + v k`` single-token forwards of the memory-bound target on this project's CPU).
+VERIFY_COST = 0.03
+#: ``c`` per drafter runtime: drafter step seconds / target step seconds, SmolLM2-135M drafter, bf16
+#: Qwen2.5-Coder-1.5B target, one CPU thread (``hf-hetspec bench`` measures it as ``cost_ratio``: 0.165 eager,
+#: 0.06-0.08 int8, 0.056 int8-static). A fixed table rather than the call's clock keeps the source policy
+#: (:mod:`hf_hetspec.sources`) a function of the accepted tokens, so a seeded call is reproducible;
+#: ``Schedule(cost_ratio=...)`` sets the figure measured on other hardware.
+COST_RATIOS: dict[str, float] = {"eager": 0.165, "float32": 0.165, "int8": 0.07, "int8-static": 0.056,
+                                 "compiled": 0.056}
 
 
 @dataclass(frozen=True)
@@ -124,7 +145,9 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     ``num_assistant_tokens_schedule``: transformers' +2/-1 rule; ``assistant_confidence_threshold``: a
     per-token cut-off on top. By default SLEM follows :data:`SLEM_DEFAULTS` for the ``drafter_runtime`` that
     runs (the prepared drafter's, after any fallback; never ``"auto"``); TLI and SLRS follow transformers'
-    +2/-1 rule from ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime. The confidence
+    +2/-1 rule from ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime; both default
+    schedules also draft from the context and back off (:mod:`hf_hetspec.sources`), which a schedule made
+    from explicit settings does not (the user asked for drafts of a given length). The confidence
     stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs 1.26x; Gemma-3 greedy TLI 0.87x): a
     drafter token the target would tokenize differently is rejected however sure the drafter is.
 
@@ -145,8 +168,10 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     if algorithm == "slem":
         default = SLEM_DEFAULTS[drafter_runtime]
         min_joint = default.min_joint if threshold is None else 0.0
-        return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint))
-    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime])
+        return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint), context_lookup=True,
+                        back_off=True)
+    return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime],
+                    context_lookup=True, back_off=True)
 
 
 @dataclass

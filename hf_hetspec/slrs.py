@@ -37,8 +37,8 @@ Greedy SLRS drafts ``argmax psi`` and is verified by exact match (identical to t
 then reads the spelling of ``argmax psi`` it prefers (:meth:`SLRSProposer.continuation_id`). By default
 with different vocabularies (:class:`~hf_hetspec.proposer.DraftPolicy`,
 :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled
-call drafts ``argmax psi`` too and verifies it by speculative sampling with the one-hot proposal it was drawn
-from; a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
+call drafts ``argmax psi`` too and verifies it by exact-match sampling (the acceptance of speculative sampling
+with its one-hot proposal, without the tensor); a positive ``hetspec_draft_temperature`` samples ``d ~ q`` as above.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ Conventions (the field's, written down once):
   target stopped inside a UTF-8 character, or the drafter's maximum context was full);
   ``drafter_truncated_tokens`` counts the oldest drafter-context tokens dropped to stay within the
   drafter's ``max_position_embeddings`` (the target always sees everything; the output is unchanged);
+* ``lookup_drafts`` counts rounds drafted by the context lookup and ``lookup_accepted`` the tokens verification
+  kept of them; ``backed_off`` counts rounds in which the source policy chose no draft because drafting was
+  yielding less than the target alone (:mod:`hf_hetspec.sources`);
 * ``drafter_head_rows``: rows of the drafter's LM head computed per drafter step when TLI prunes it to the
   vocabulary intersection (0: the full head);
 * ``drafter_runtime`` is the runtime the drafter ran in (:mod:`hf_hetspec.runtime`), ``drafter_memory_bytes``
@@ -68,6 +71,9 @@ class DecodingStats:
     rejections: int = 0
     drafter_forwards: int = 0
     skipped_drafts: int = 0
+    lookup_drafts: int = 0
+    lookup_accepted: int = 0
+    backed_off: int = 0
     drafter_truncated_tokens: int = 0
     drafter_head_rows: int = 0
     drafter_runtime: str = "eager"

@@ -10,7 +10,7 @@ sampling (:func:`~hf_hetspec.verify.verify_speculative_sampling`, Leviathan et a
 target's distribution. Greedy TLI drafts the argmax over the intersection and is verified by exact match.
 By default with different vocabularies (:class:`~hf_hetspec.proposer.DraftPolicy`,
 :data:`~hf_hetspec.plan.DEFAULT_DRAFT_TEMPERATURE`) a sampled call drafts that argmax too and verifies it by
-speculative sampling with the one-hot ``q`` it was drawn from; a positive ``hetspec_draft_temperature`` samples ``q`` as above.
+exact-match sampling (the acceptance of speculative sampling with its one-hot ``q``, without the tensor); a positive ``hetspec_draft_temperature`` samples ``q`` as above.
 
 Since tokens outside the intersection are never drafted, their logits are not computed: the drafter's LM
 head is restricted to the intersection's rows (:class:`~hf_hetspec.drafter.PrunedHead`), which leaves ``q``

@@ -28,6 +28,7 @@ from hf_hetspec.candidates import (
 )
 from hf_hetspec.intersection import IntersectionLogitsProcessor
 from hf_hetspec.proposer import TokenLevelProposer
+from test_lossless import half_sure_argmax_drafts
 from hf_hetspec.testing import (
     check_lossless,
     exact_target_distribution,
@@ -292,11 +293,11 @@ def _toy_report(pair, algorithm, n, prompt="the", **setting):
 
 
 @pytest.mark.parametrize("algorithm, draft_temperature", [
-    ("slem", None), ("tli", None), pytest.param("tli", 0.7, marks=pytest.mark.slow), ("slrs", 0.7),
+    ("slem", None), pytest.param("tli", None, marks=pytest.mark.slow), ("tli", 0.7), ("slrs", 0.7),
     pytest.param("slrs", None, marks=pytest.mark.slow)])
 def test_sampling_is_lossless_on_the_toy_pair(toy_pair, algorithm, draft_temperature):
-    """Exact-match sampling (SLEM), speculative sampling with the one-hot ``q`` of greedy drafts (TLI's
-    default) and with sampled drafts (TLI's ``q``, SLRS's ``psi``), all through transformers' loop."""
+    """Exact-match sampling (SLEM, and the greedy drafts of TLI's and SLRS's default) and speculative sampling
+    with sampled drafts (TLI's ``q``, SLRS's ``psi``), all through transformers' loop."""
     extra = {} if draft_temperature is None else {"hetspec_draft_temperature": draft_temperature}
     report, sampler = _toy_report(toy_pair, algorithm, 300, **T07, **extra)
     assert report.num_bins >= 3 and report.passed, str(report)
@@ -305,9 +306,9 @@ def test_sampling_is_lossless_on_the_toy_pair(toy_pair, algorithm, draft_tempera
 
 def test_rejects_candidate_logits_not_restricted_to_the_support(toy_pair, monkeypatch):
     """BROKEN: ``log(q + eps)`` instead of ``log q`` -- the usual way to dodge ``-inf`` -- tells transformers
-    that a greedy draft (one-hot ``q``) was drawn from a distribution with ``eps`` on every other target id,
-    so each draft token is accepted with ``min(1, p / q(x))`` > ``p`` and the residual is wrong. The same
-    pair, prompt and setting pass unbroken in ``test_sampling_is_lossless_on_the_toy_pair[tli-None]``."""
+    that a sampled draft was drawn from a distribution with ``eps`` added on every target id outside the
+    vocabulary intersection too, so the acceptance ``min(1, p / q(x))`` and the residual are wrong. The same
+    pair, prompt and setting pass unbroken in ``test_sampling_is_lossless_on_the_toy_pair[tli-0.7]``."""
 
     def unrestricted(self, draft):
         if draft.q is None or not draft.target_ids:
@@ -315,7 +316,7 @@ def test_rejects_candidate_logits_not_restricted_to_the_support(toy_pair, monkey
         return (draft.q.float() + 0.05).log()[None]  # BROKEN
 
     monkeypatch.setattr(TLICandidateGenerator, "candidate_logits", unrestricted)
-    report, sampler = _toy_report(toy_pair, "tli", 300, **T07)
+    report, sampler = _toy_report(toy_pair, "tli", 300, hetspec_draft_temperature=0.7, **T07)
     assert not report.passed and report.p_value < REJECT, str(report)
     assert sampler.accepted_tokens > 0
 
@@ -369,13 +370,7 @@ def test_greedy_identical_on_real_vocabularies(real_pair, names, algorithm):
 def test_rejects_greedy_drafts_verified_as_if_they_were_sampled_on_real_vocabularies(real_pair, monkeypatch):
     """BROKEN as in tests/test_lossless.py: a greedy draft reported with ``q(x) = 1/2``; passes unbroken in
     ``test_sampling_is_lossless_on_real_vocabularies[qwen-smollm2-tli-greedy-draft]``."""
-    original = TokenLevelProposer.one_hot_q
-
-    def half_sure(self, targets):
-        one_hot = original(self, targets)
-        return 0.5 * one_hot + 0.5 * (1 - one_hot) / (one_hot.shape[-1] - 1)  # BROKEN
-
-    monkeypatch.setattr(TokenLevelProposer, "one_hot_q", half_sure)
+    monkeypatch.setattr(TokenLevelProposer, "_propose", half_sure_argmax_drafts(TokenLevelProposer._propose))
     report, sampler = _real_report(real_pair("qwen2.5-coder", "smollm2"), "tli", "Our", {})
     assert not report.passed and report.p_value < REJECT, str(report)
 

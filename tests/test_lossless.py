@@ -40,6 +40,7 @@ import hf_hetspec.decoding
 import hf_hetspec.verify
 from hf_hetspec.intersection import push_forward
 from hf_hetspec.plan import DEFAULT_DRAFT_TEMPERATURE
+from hf_hetspec.schedule import DEFAULT_LOOKAHEAD
 from hf_hetspec.proposer import TokenLevelProposer
 from hf_hetspec.slrs import SLRSProposer
 from hf_hetspec.testing import (
@@ -240,8 +241,8 @@ POWER_TV, POWER = 0.2, 0.9
 
 
 #: How TLI and SLRS pick draft tokens when sampling: a sample of ``q`` at the call's temperature
-#: (``hetspec_draft_temperature`` = the call's) or the drafter's argmax with a one-hot ``q`` (the default,
-#: ``plan.DEFAULT_DRAFT_TEMPERATURE``: no keyword).
+#: (``hetspec_draft_temperature`` = the call's) or the drafter's argmax, verified by exact-match sampling (the
+#: default, ``plan.DEFAULT_DRAFT_TEMPERATURE``: no keyword).
 DRAFTS = ("sampled-draft", "greedy-draft")
 
 
@@ -353,7 +354,9 @@ def test_verify_lossless_keeps_hetspec_keywords_out_of_the_reference(toy_pair, d
 
 
 def test_verify_lossless_with_a_draft_temperature_rejects_a_broken_verifier(toy_pair, monkeypatch):
-    monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
+    """``hetspec_draft_temperature=0`` (argmax drafts) reaches the sampler: its drafts go through exact-match
+    sampling, here broken to keep every draft token."""
+    monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
     report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
                              toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=500,
                              seed=0, alpha=ALPHA, hetspec_draft_temperature=0.0, **T1)
@@ -405,9 +408,15 @@ def test_rejects_exact_match_that_accepts_every_draft(toy_pair, monkeypatch):
 
 @pytest.mark.parametrize("draft", ["sampled-draft", "greedy-draft"])
 def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, monkeypatch, draft):
+    """Sampled drafts: speculative sampling whose correction ignores ``q``. Greedy (argmax) drafts in a
+    sampled call are verified by exact-match sampling, which has no residual: there the broken variant keeps
+    every draft token unchecked."""
     assert torch.allclose(residual_distribution(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])),
                           torch.tensor([0.0, 1.0]))
-    monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
+    if draft == "sampled-draft":
+        monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
+    else:
+        monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500,
                                 **_draft_kwargs(draft, T1["temperature"]), **T1)
     _assert_rejected(report)
@@ -469,21 +478,31 @@ def test_rejects_slrs_whose_psi_counts_only_the_intersection(real_pair, monkeypa
     assert sampler.accepted_tokens > 0
 
 
+def half_sure_argmax_drafts(propose):
+    """``TokenLevelProposer._propose`` BROKEN: an argmax draft (a point mass, verified by exact match) is handed
+    to speculative sampling with ``q(x) = 1/2`` on each drafted token, the rest spread over the vocabulary."""
+
+    def broken(self, budget):
+        draft = propose(self, budget)
+        if self.policy.sample or not draft.target_ids or draft.q is not None:
+            return draft
+        k = len(draft.target_ids)
+        q = torch.full((k, self.target_size), 0.5 / (self.target_size - 1))
+        q[torch.arange(k), torch.tensor(draft.target_ids)] = 0.5
+        return type(draft)(draft.target_ids, q)
+
+    return broken
+
+
 @pytest.mark.parametrize("algorithm", ["tli", "slrs"])
 def test_rejects_greedy_drafts_verified_as_if_they_were_sampled(real_pair, monkeypatch, algorithm):
-    """BROKEN greedy drafting: the draft is the drafter's argmax (certain), but verification is told
-    ``q(x) = 1/2`` (the other half spread over the rest of the vocabulary), so a draft token is accepted
-    with probability ``min(1, 2 p(x))`` instead of ``p(x)``. The same pairs, prompts and setting pass
+    """BROKEN greedy drafting (:func:`half_sure_argmax_drafts`): the draft is the drafter's argmax (certain),
+    but verification is told ``q(x) = 1/2``, so a draft token is accepted with probability ``min(1, 2 p(x))``
+    instead of ``p(x)``. The same pairs, prompts and setting pass
     unbroken in the ``-greedy-draft`` cells of ``test_sampling_is_lossless_on_real_vocabularies``."""
     names = ("qwen2.5-coder", "smollm2") if algorithm == "tli" else ("gemma3", "qwen2.5-coder")
 
-    original = TokenLevelProposer.one_hot_q
-
-    def half_sure(self, targets):
-        one_hot = original(self, targets)  # [k, V_target]
-        return 0.5 * one_hot + 0.5 * (1 - one_hot) / (one_hot.shape[-1] - 1)  # BROKEN
-
-    monkeypatch.setattr(TokenLevelProposer, "one_hot_q", half_sure)
+    monkeypatch.setattr(TokenLevelProposer, "_propose", half_sure_argmax_drafts(TokenLevelProposer._propose))
     report, sampler = _real_report(real_pair(*names), names, algorithm, "t1", draft="greedy-draft")
     _assert_rejected(report)
     assert sampler.accepted_tokens > 0
@@ -493,6 +512,9 @@ def test_rejects_greedy_drafts_verified_as_if_they_were_sampled(real_pair, monke
 # Block verification (hetspec_verification="block")
 # ---------------------------------------------------------------------------------------------------
 
+#: The token-level default schedule of an eager drafter without the context lookup and the back-off, so that
+#: every round is a drafter round, verified by block verification (lookup drafts are verified by exact match).
+NO_SOURCES = hf_hetspec.Schedule(DEFAULT_LOOKAHEAD, True)
 #: Outcomes of three tokens: the first round drafts two, so block verification can stop inside the block
 #: (0 < tau < k), the one path where its correction differs from token-level speculative sampling (with one
 #: drafted token the two rules coincide, so the harness's default two-token outcomes would not tell them apart).
@@ -536,7 +558,8 @@ def test_block_verification_is_lossless(request, monkeypatch, algorithm, pair_na
     report = verify_lossless(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer,
                              _ids(pair, TOY_PROMPT[pair_name]), algorithm, n=n, seed=0, alpha=ALPHA,
                              num_tokens=BLOCK_TOKENS, hetspec_verification="block", **SETTINGS[setting],
-                             **_draft_kwargs("sampled-draft", SETTINGS[setting]["temperature"]))
+                             **_draft_kwargs("sampled-draft", SETTINGS[setting]["temperature"]),
+                             hetspec_schedule=NO_SOURCES)
     _assert_passes(report)
     assert len(rounds) >= n and any(0 < tau < k for k, tau in rounds), rounds[:20]
 

@@ -67,22 +67,33 @@ def test_sampled_tli_hands_over_the_push_forward_of_q(toy_pair, monkeypatch):
     torch.testing.assert_close(draft.q, expected, atol=1e-5, rtol=0)
 
 
-def test_a_greedy_draft_in_a_sampled_call_comes_with_its_one_hot_q(toy_pair, monkeypatch):
+def test_a_greedy_draft_in_a_sampled_call_comes_without_a_dense_q(toy_pair, monkeypatch):
+    """The default sampled TLI call drafts the argmax (``hetspec_draft_temperature`` 0) and hands no
+    ``(k, V_target)`` one-hot tensor to verification: exact-match sampling verifies it (issue #26, item 4)."""
+    from transformers import GenerationConfig
+
+    from hf_hetspec.plan import choose_draft_policy
+
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
-    proposer = _tli(toy_pair, 1, policy=DraftPolicy(needs_q=True))
+    policy = choose_draft_policy("tli", GenerationConfig(do_sample=True, temperature=0.7), 0.0)
+    assert not policy.sample and not policy.needs_q
+    proposer = _tli(toy_pair, 1, policy=policy)
     _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("▁the"): 2.0, d.convert_tokens_to_ids("T"): 1.9})
     draft = proposer.propose(_prompt(toy_pair))
-    the = t.convert_tokens_to_ids("Ġthe")
-    assert draft.target_ids == [the]
-    assert draft.q.shape == (1, proposer.target_size) and draft.q[0, the] == 1 and draft.q.sum() == 1
+    assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] and draft.q is None
 
 
-@pytest.mark.parametrize("needs_q", [False, True])
-def test_a_draft_ends_after_the_targets_eos(toy_pair, monkeypatch, needs_q):
+def test_a_draft_policy_that_hands_over_q_must_sample():
+    with pytest.raises(ValueError, match="needs_q"):
+        DraftPolicy(needs_q=True)
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_a_draft_ends_after_the_targets_eos(toy_pair, monkeypatch, sample):
     """The drafter's EOS maps to the target's: nothing is generated after an accepted EOS, so the draft of
     lookahead 4 stops there; the drafter catches up on the text at the next sync."""
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
-    proposer = _tli(toy_pair, 4, policy=DraftPolicy(needs_q=needs_q))
+    proposer = _tli(toy_pair, 4, policy=DraftPolicy(sample=sample, needs_q=sample))
     _drafter_logits(proposer, monkeypatch, {d.eos_token_id: 9.0})
     draft = proposer.propose(_prompt(toy_pair))
     assert draft.target_ids == [t.eos_token_id]
