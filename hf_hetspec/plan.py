@@ -40,6 +40,7 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
     IMPLEMENTED,
     LOOPS,
     VERIFICATIONS,
+    check_batch,
     check_call,
     check_draft_temperature,
     check_drafter_prompt,
@@ -292,6 +293,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
                          ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
     if args.schedule is not None:
         check_schedule(args.schedule, schedule_settings)
+    check_batch(target, args, call, config, rest)
     check_loop(args, config.stop_strings, call, rest)
     check_drafter_weights(drafter)
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
