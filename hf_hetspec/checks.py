@@ -13,7 +13,8 @@ argument and the fix.
 3. :func:`check_draft_temperature` and :func:`check_verification` -- the keywords that make sense only for some
    algorithms (after the algorithm is chosen; :func:`hf_hetspec.plan.choose_algorithm` refuses TLI for a pair
    that shares too few tokens); :func:`check_schedule` -- a call's own ``hetspec_schedule``;
-4. :func:`check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot honour;
+4. :func:`check_batch` -- what a batch (several rows, padding, ``num_return_sequences``) cannot have;
+   :func:`check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot honour;
 5. :func:`check_drafter_weights` -- the drafter's weights on a real device and finite.
 
 What is not a refusal stays with its subject: which cache layers a crop rolls back (:mod:`hf_hetspec.support`),
@@ -24,8 +25,8 @@ give what ``target.generate()`` without a drafter gives, so an argument is eithe
 target exactly as plain decoding would use it -- or *refused* before any model runs. Nothing is dropped
 silently.
 
-Honoured (README "Hardening" has the full table): the prompt as ``input_ids``; ``attention_mask`` (no
-padding), ``position_ids``, ``cache_position`` and a ``past_key_values``/``cache`` holding part or all of the
+Honoured (README "Hardening" has the full table): the prompt as ``input_ids``, also a left-padded batch with
+``num_return_sequences`` (:func:`check_batch` refuses what a batch cannot have); ``attention_mask``, ``position_ids``, ``cache_position`` and a ``past_key_values``/``cache`` holding part or all of the
 prompt; every generation setting that becomes a logits processor or stopping criterion (temperature, top-k,
 top-p, min-p, typical, epsilon/eta, top-h, repetition and n-gram penalties, bad words, sequence bias,
 suppressed/forced tokens, min/max length, EOS lists, stop strings, ``max_time``, the green-list watermark);
@@ -47,7 +48,7 @@ any other model input: the verification forwards carry only the ids, mask, posit
 methods other than greedy/sampling (contrastive search, DoLa, constrained beam search); drafting methods
 other than ``assistant_model``; settings whose processor keeps state; options of transformers' own loop
 that ours does not implement (``custom_generate``, ``synced_gpus``, ``prefill_chunk_size``, a passed cache
-that cannot be rolled back). The other checks here refuse beams, batches, padding, ``use_cache=False`` and
+that cannot be rolled back). The other checks here refuse beams, right padding, ``use_cache=False`` and
 caches other than the dynamic one; :func:`check_generate_inputs` runs right after them, on the same merged
 generation config.
 """
@@ -101,7 +102,8 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args,
         target, drafter: the models (``drafter`` is ``assistant_model``).
         target_tokenizer, drafter_tokenizer: ``tokenizer=`` and ``assistant_tokenizer=``.
         args: hf_hetspec's keywords (:class:`~hf_hetspec.plan.HetspecArguments`).
-        inputs (``torch.LongTensor`` of shape ``(1, n)``): the prompt (``inputs=`` or ``input_ids=``).
+        inputs (``torch.LongTensor`` of shape ``(B, n)``): the prompt (``inputs=`` or ``input_ids=``), left-padded
+            when ``B > 1``.
         model_kwargs: the call's other keyword arguments (``attention_mask``, ``position_ids``, ...).
 
     Raises:

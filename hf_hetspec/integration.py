@@ -9,9 +9,10 @@
 2. calls transformers' own ``generate()`` with that config and ``custom_generate=`` set to our decoding loop
    (:func:`~hf_hetspec.decoding.speculative_generate`), so the logits processors, stopping criteria, streamer
    and KV cache are prepared by transformers exactly as for plain decoding; the loop builds the algorithm's
-   proposer (:func:`hf_hetspec.plan.build_proposer`) for the prompt transformers hands it.
+   proposer (:func:`hf_hetspec.plan.build_proposer`) for the prompt transformers hands it; a batch (several
+   rows or a padded one) goes to :func:`hf_hetspec.batched.batched_generate`, one proposer per row.
 
-Only token ids and text cross between the models: the call's ``attention_mask`` (all ones),
+Only token ids and text cross between the models: the call's ``attention_mask``,
 ``position_ids`` and cache are the target's and never reach the drafter, whose sequence has another length
 (it numbers its own positions and keeps its own cache); ``assistant_input_ids=`` gives the drafter its own
 prompt (e.g. its own chat template, :func:`hf_hetspec.chat_inputs`).
