@@ -7,8 +7,9 @@ plain decoding), runs here; one unpadded prompt runs in :func:`hf_hetspec.decodi
 Per round:
 
 1. every unfinished row's own proposer (the algorithm's, :func:`hf_hetspec.plan.build_proposer`, one per row:
-   the drafter is cheap) drafts from that row's accepted ids -- unless drafting does not pay for this many rows
-   (:func:`drafts_pay`), when every row goes on alone (plain batched decoding) that round;
+   the drafter is cheap) drafts from that row's accepted ids, cut to :func:`draft_cap` tokens so that the
+   round's verification forward stays within a token budget -- or, when that leaves too short a draft to pay,
+   no row drafts and every row goes on alone (plain batched decoding) that round;
 2. each row's block -- the tokens not yet in the target's cache (the prompt in round one, else the last new
    token) and its draft -- is right-padded to the round's longest draft, and the target runs ONE forward over
    the ``(rows, width)`` blocks with the one batched ``DynamicCache``, an explicit 2-D attention mask and
@@ -65,12 +66,16 @@ from .proposer import Draft, Proposer
 from .stats import DecodingStats
 from .verify import verify_block, verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
-#: Drafting pays in a batch only while the target's verification forward stays cheap: a round feeds each of the
-#: ``rows`` unfinished rows ``lookahead + 1`` tokens, and once ``rows * (lookahead + 1)`` exceeds this budget the
-#: round runs without drafts (plain batched decoding, one token per row; :func:`drafts_pay`). On a CPU a forward
-#: over many tokens costs about as much as that many one-token forwards, while the drafter runs once per row; to
-#: be tuned with ``benchmarks/batched_throughput.py`` (the lead's measurement, B = 1, 4, 16).
+#: Drafting pays in a batch only while the target's verification forward stays cheap: on a CPU a forward over
+#: many tokens costs about as much as that many one-token forwards once the weights' memory traffic is shared,
+#: and the drafter runs once per row. A round with ``rows`` unfinished rows feeds at most this many tokens: each
+#: row's draft is cut to ``BATCH_DRAFT_TOKEN_BUDGET // rows - 1`` target tokens (:func:`draft_cap`). To be tuned
+#: with ``benchmarks/batched_throughput.py --budgets ...`` (the lead's measurement, B = 1, 4, 16).
 BATCH_DRAFT_TOKEN_BUDGET = 48
+#: ... and when that cut leaves fewer than this many draft tokens per row, the round does not draft at all
+#: (plain batched decoding, one token per row): the drafter's steps would cost more than the few tokens they can
+#: add. Tuned with the budget.
+MIN_BATCH_DRAFT = 3
 
 #: The cache is compacted (:meth:`BatchState.compact`) when at least this share of its slots are holes...
 COMPACT_HOLE_SHARE = 0.5
@@ -78,10 +83,15 @@ COMPACT_HOLE_SHARE = 0.5
 COMPACT_MIN_SLOTS = 64
 
 
-def drafts_pay(rows: int, lookahead: int) -> bool:
-    """Whether a round with ``rows`` unfinished rows drafts: ``rows * (lookahead + 1) <= BATCH_DRAFT_TOKEN_BUDGET``
-    (:data:`BATCH_DRAFT_TOKEN_BUDGET`). A single row always drafts."""
-    return rows <= 1 or rows * (lookahead + 1) <= BATCH_DRAFT_TOKEN_BUDGET
+def draft_cap(rows: int) -> int | None:
+    """The most target tokens a row's draft may keep in a round with ``rows`` unfinished rows: ``None`` (no cap)
+    for a single row, else ``BATCH_DRAFT_TOKEN_BUDGET // rows - 1`` (:data:`BATCH_DRAFT_TOKEN_BUDGET`), or ``0`` --
+    no drafting, plain batched decoding -- when that is below :data:`MIN_BATCH_DRAFT`. Cutting a draft is exact:
+    its first ``c`` tokens, with the distributions they were drawn from, are a draft of their own."""
+    if rows <= 1:
+        return None
+    cap = BATCH_DRAFT_TOKEN_BUDGET // rows - 1
+    return cap if cap >= MIN_BATCH_DRAFT else 0
 
 
 @dataclass
@@ -186,7 +196,6 @@ def batched_generate(
     make_proposer: Callable[[torch.LongTensor, int], Proposer],
     stats: DecodingStats,
     *,
-    lookahead: int,
     attention_mask: torch.LongTensor | None = None,
     position_ids: torch.LongTensor | None = None,
     past_key_values=None,
@@ -204,9 +213,9 @@ def batched_generate(
             at a time on ``(1, n + t)`` ids.
         make_proposer: ``make_proposer(row_ids, max_length)`` builds one row's proposer for its unpadded prompt
             ``row_ids`` (``(1, n_r)``) and its own ``max_length`` (the call's minus the row's padding).
-        stats: filled in place, summed over rows (``target_forwards`` counts batched forwards; a row that goes
-            on alone in a round without drafts, :func:`drafts_pay`, counts one ``skipped_drafts``).
-        lookahead: the schedule's first lookahead, for :func:`drafts_pay`.
+        stats: filled in place, summed over rows (``target_forwards`` counts batched forwards, ``drafted_tokens``
+            the drafts as verified, after :func:`draft_cap`; a row that goes on alone in a round without drafts
+            counts one ``skipped_drafts``).
         attention_mask (``torch.LongTensor`` of shape ``(B, n)``, optional): 0 at padding; ``None``: no padding.
         position_ids (``torch.LongTensor`` of shape ``(B, n)`` or ``(1, n)``, optional): the prompt's positions
             (``None``: ``cumsum(mask) - 1``); generated tokens continue from each row's last one.
@@ -247,12 +256,13 @@ def batched_generate(
     fill = 0 if pad is None else pad
 
     while active:
-        drafting = drafts_pay(len(active), lookahead)
+        cap = draft_cap(len(active))
+        drafting = cap != 0
         drafts: list[Draft] = []
         for r in active:
             if drafting:
                 row_ids = torch.cat([padded[r][:, mask[r].bool()], _tensor(generated[r], ids)], dim=1)
-                drafts.append(proposers[r].propose(row_ids))
+                drafts.append(_cut(proposers[r].propose(row_ids), cap))
             else:
                 drafts.append(Draft([]))
                 stats.skipped_drafts += 1
@@ -303,6 +313,13 @@ def batched_generate(
     if generation_config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences, **output_cache_kwargs(GenerateDecoderOnlyOutput, None))
     return sequences
+
+
+def _cut(draft: Draft, cap: int | None) -> Draft:
+    """``draft``'s first ``cap`` tokens (and rows of ``q``); the whole draft when ``cap`` is ``None``."""
+    if cap is None or len(draft.target_ids) <= cap:
+        return draft
+    return Draft(draft.target_ids[:cap], None if draft.q is None else draft.q[:cap])
 
 
 def _tensor(tokens: list[int], like: torch.Tensor) -> torch.Tensor:

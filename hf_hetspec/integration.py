@@ -278,8 +278,7 @@ class _HetSpecDecoding:
             return build_proposer(self.plan, self.drafter, row_ids, config, self.stats, self.generator)
 
         return batched_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                make_proposer, self.stats, lookahead=self.plan.schedule.lookahead,
-                                attention_mask=model_kwargs.get("attention_mask"),
+                                make_proposer, self.stats, attention_mask=model_kwargs.get("attention_mask"),
                                 position_ids=model_kwargs.get("position_ids"),
                                 past_key_values=cache_from_kwargs(model_kwargs), generator=self.generator,
                                 verification=self.plan.verification)

@@ -109,12 +109,30 @@ def test_plain_batched_decoding_when_drafts_do_not_pay(toy_pair, greedy_case, mo
     """Over the token budget every round runs without drafts: plain batched decoding, the same output."""
     ids, mask, settings, references = greedy_case
     monkeypatch.setattr(batched, "BATCH_DRAFT_TOKEN_BUDGET", 1)
-    assert not batched.drafts_pay(2, 1) and batched.drafts_pay(1, 10)
+    assert batched.draft_cap(2) == 0 and batched.draft_cap(1) is None
     out = generate(toy_pair, ids, mask, "tli", do_sample=False, **settings)
     assert_rows_are_the_targets(toy_pair, out, ids, settings, references)
     stats = hf_hetspec.last_stats(toy_pair.target)
     # no round drafted: several rows were left until the end, each round gave every row one token
     assert stats.drafted_tokens == 0 and stats.skipped_drafts > 0 and stats.target_forwards == NEW_TOKENS
+
+
+def test_drafts_cut_to_the_token_budget_keep_every_row(toy_pair, greedy_case, monkeypatch):
+    """A budget of 20 tokens per round: 5 rows keep at most 3 draft tokens each (4 once row 0 has stopped)."""
+    ids, mask, settings, references = greedy_case
+    monkeypatch.setattr(batched, "BATCH_DRAFT_TOKEN_BUDGET", 20)
+    assert [batched.draft_cap(rows) for rows in (5, 4, 3, 1)] == [3, 4, 5, None]
+    fed = []
+    block = batched.BatchState.block
+
+    def recorded(self, drafts, fill):
+        fed.append(sum(len(d) + 1 for d in drafts))
+        return block(self, drafts, fill)
+
+    monkeypatch.setattr(batched.BatchState, "block", recorded)
+    out = generate(toy_pair, ids, mask, "tli", do_sample=False, **settings)
+    assert_rows_are_the_targets(toy_pair, out, ids, settings, references)
+    assert max(fed) <= 20 and hf_hetspec.last_stats(toy_pair.target).accepted_tokens > 0
 
 
 def test_a_compacted_cache_gives_the_same_rows(toy_pair, greedy_case, monkeypatch):
