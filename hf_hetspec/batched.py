@@ -271,7 +271,7 @@ def batched_generate(
             block_ids, block_mask, block_positions_ = state.block([d.target_ids for d in drafts], fill)
             out = target(input_ids=block_ids, attention_mask=block_mask, position_ids=block_positions_,
                          use_cache=True, logits_to_keep=longest + 1, **cache_kwargs(target, cache))
-            logits = out.logits[:, -(longest + 1):].to(dtype=torch.float32)  # [rows, K+1, V_target]
+            logits = out.logits[:, -(longest + 1):].to(device=device, dtype=torch.float32)  # [rows, K+1, V_target]
             accepted_per_row, last_tokens, finished = [], [], []
             for slot, (r, draft) in enumerate(zip(active, drafts)):
                 k = len(draft.target_ids)
