@@ -13,7 +13,8 @@ argument and the fix.
 3. :func:`check_draft_temperature` and :func:`check_verification` -- the keywords that make sense only for some
    algorithms (after the algorithm is chosen; :func:`hf_hetspec.plan.choose_algorithm` refuses TLI for a pair
    that shares too few tokens); :func:`check_schedule` -- a call's own ``hetspec_schedule``;
-4. :func:`check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot honour;
+4. :func:`check_batch` -- what a batch (several rows, padding, ``num_return_sequences``) cannot have;
+   :func:`check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot honour;
 5. :func:`check_drafter_weights` -- the drafter's weights on a real device and finite.
 
 What is not a refusal stays with its subject: which cache layers a crop rolls back (:mod:`hf_hetspec.support`),
@@ -24,8 +25,8 @@ give what ``target.generate()`` without a drafter gives, so an argument is eithe
 target exactly as plain decoding would use it -- or *refused* before any model runs. Nothing is dropped
 silently.
 
-Honoured (README "Hardening" has the full table): the prompt as ``input_ids``; ``attention_mask`` (no
-padding), ``position_ids``, ``cache_position`` and a ``past_key_values``/``cache`` holding part or all of the
+Honoured (README "Hardening" has the full table): the prompt as ``input_ids``, also a left-padded batch with
+``num_return_sequences`` (:func:`check_batch` refuses what a batch cannot have); ``attention_mask``, ``position_ids``, ``cache_position`` and a ``past_key_values``/``cache`` holding part or all of the
 prompt; every generation setting that becomes a logits processor or stopping criterion (temperature, top-k,
 top-p, min-p, typical, epsilon/eta, top-h, repetition and n-gram penalties, bad words, sequence bias,
 suppressed/forced tokens, min/max length, EOS lists, stop strings, ``max_time``, the green-list watermark);
@@ -47,7 +48,7 @@ any other model input: the verification forwards carry only the ids, mask, posit
 methods other than greedy/sampling (contrastive search, DoLa, constrained beam search); drafting methods
 other than ``assistant_model``; settings whose processor keeps state; options of transformers' own loop
 that ours does not implement (``custom_generate``, ``synced_gpus``, ``prefill_chunk_size``, a passed cache
-that cannot be rolled back). The other checks here refuse beams, batches, padding, ``use_cache=False`` and
+that cannot be rolled back). The other checks here refuse beams, right padding, ``use_cache=False`` and
 caches other than the dynamic one; :func:`check_generate_inputs` runs right after them, on the same merged
 generation config.
 """
@@ -60,7 +61,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers.cache_utils import DummyLayer, DynamicLayer
 from transformers.generation import (
     SynthIDTextWatermarkingConfig,
     SynthIDTextWatermarkLogitsProcessor,
@@ -100,7 +102,8 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args,
         target, drafter: the models (``drafter`` is ``assistant_model``).
         target_tokenizer, drafter_tokenizer: ``tokenizer=`` and ``assistant_tokenizer=``.
         args: hf_hetspec's keywords (:class:`~hf_hetspec.plan.HetspecArguments`).
-        inputs (``torch.LongTensor`` of shape ``(1, n)``): the prompt (``inputs=`` or ``input_ids=``).
+        inputs (``torch.LongTensor`` of shape ``(B, n)``): the prompt (``inputs=`` or ``input_ids=``), left-padded
+            when ``B > 1``.
         model_kwargs: the call's other keyword arguments (``attention_mask``, ``position_ids``, ...).
 
     Raises:
@@ -156,23 +159,18 @@ def _check_prompt(inputs, model_kwargs: dict) -> None:
                          "drafts from token ids and does not take `inputs_embeds`.")
     if not torch.is_tensor(inputs) or inputs.dim() != 2 or inputs.dtype not in (torch.int64, torch.int32):
         raise ValueError("`input_ids` must be an integer tensor of shape (batch, sequence_length).")
-    if inputs.shape[0] != 1:
-        raise NotImplementedError(
-            f"hf_hetspec decodes one sequence at a time; got a batch of {inputs.shape[0]}. "
-            "Call generate() once per prompt."
-        )
-    if inputs.shape[1] < 1:
+    if inputs.shape[0] < 1 or inputs.shape[1] < 1:
         raise ValueError("`input_ids` is empty: the prompt needs at least one token.")
     mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
-        raise NotImplementedError(
-            "`attention_mask` contains padding (zeros); hf_hetspec decodes one unpadded sequence: "
-            "pass the prompt without padding."
-        )
     if mask is not None and tuple(mask.shape) != tuple(inputs.shape):
         raise ValueError(
             f"`attention_mask` has shape {tuple(mask.shape)} but `input_ids` has {tuple(inputs.shape)}: pass "
             "the mask of this prompt (or none)."
+        )
+    if mask is not None and not bool((mask[:, -1] == 1).all()):
+        raise NotImplementedError(
+            "`attention_mask` ends in padding (zeros in its last column): hf_hetspec decodes left-padded batches, "
+            "like transformers' own batched generate(); pad on the left (`tokenizer.padding_side = 'left'`)."
         )
     positions = model_kwargs.get("position_ids")
     if positions is not None and (
@@ -369,11 +367,6 @@ def check_generation_config(config: GenerationConfig) -> None:
     """
     if (config.num_beams or 1) > 1:
         raise ValueError(f"num_beams={config.num_beams}: speculative decoding is not beam search; use num_beams=1.")
-    if (config.num_return_sequences or 1) > 1:
-        raise NotImplementedError(
-            f"num_return_sequences={config.num_return_sequences}: hf_hetspec returns one sequence per call; "
-            "call generate() several times."
-        )
     if config.max_new_tokens is not None and config.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={config.max_new_tokens}: ask for at least one new token.")
     if config.use_cache is False:
@@ -666,6 +659,94 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
         raise ValueError(f"hetspec_schedule.cost_ratio={c!r}: the drafter step's cost in target forwards, a "
                          "number in [0, 1), or None for the drafter runtime's measured figure.")
     return schedule
+
+
+# --------------------------------------------------------------------------------------------------------
+# 3b. batches: several prompts, padding, num_return_sequences
+# --------------------------------------------------------------------------------------------------------
+
+
+#: Attention implementations whose 2-D attention mask gives a masked key exactly zero weight, as the batched
+#: loop's holes need (:mod:`hf_hetspec.batched`); the others (flash attention's unpadding, paged kernels) are
+#: not vouched for.
+BATCH_ATTENTION = ("sdpa", "eager")
+_ONE_AT_A_TIME = "or call generate() once per prompt"
+
+
+def batch_rows(inputs, config: GenerationConfig, model_kwargs: dict) -> tuple[int, bool]:
+    """``(rows, padded)`` of a call: the rows decoded (``input_ids`` rows times ``num_return_sequences``) and
+    whether its ``attention_mask`` has padding. A call with more than one row, or padded, is a batch
+    (:mod:`hf_hetspec.batched`)."""
+    prompts = inputs.shape[0] if torch.is_tensor(inputs) and inputs.dim() == 2 else 1
+    mask = model_kwargs.get("attention_mask")
+    padded = torch.is_tensor(mask) and not bool((mask == 1).all())
+    return prompts * (config.num_return_sequences or 1), padded
+
+
+def check_batch(target, args, call: dict, config: GenerationConfig, model_kwargs: dict) -> None:
+    """Refuse, before any work, what a batch (several rows or a padded prompt, :func:`batch_rows`) cannot have
+    exactly in hf_hetspec's batched loop (:mod:`hf_hetspec.batched`); nothing for one unpadded row.
+
+    Args:
+        target: the target model.
+        args: hf_hetspec's keywords of the call.
+        call: ``generate()``'s named parameters as given (``inputs``, ``streamer``, ``prefix_allowed_tokens_fn``).
+        config: the merged generation config.
+        model_kwargs: the call's model inputs (``input_ids``, ``attention_mask``, a cache).
+
+    Raises:
+        ValueError / NotImplementedError: naming the input and the fix.
+    """
+    inputs = _prompt(call, model_kwargs)
+    rows, padded = batch_rows(inputs, config, model_kwargs)
+    if rows == 1 and not padded:
+        return
+    what = f"a batch of {rows} rows" if rows > 1 else "a padded prompt"
+    if args.loop == "transformers":
+        raise ValueError(f"hetspec_loop='transformers' with {what}: transformers' assisted-generation loop decodes "
+                         "one unpadded sequence; run the call in hf_hetspec's own loop (`hetspec_loop=\"hetspec\"`, "
+                         f"the default), which decodes batches exactly, {_ONE_AT_A_TIME}.")
+    if call.get("streamer") is not None:
+        raise ValueError(f"`streamer` with {what}: a streamer receives one sequence; drop it {_ONE_AT_A_TIME}.")
+    if args.drafter_prompt is not None and torch.is_tensor(inputs) and inputs.shape[0] > 1:
+        raise NotImplementedError(
+            f"`assistant_input_ids` with a batch of {inputs.shape[0]} prompts: it is one drafter prompt; drop it "
+            f"(each row's drafter prompt is then converted from its target prompt) {_ONE_AT_A_TIME}.")
+    if config.return_dict_in_generate and (config.output_scores or config.output_logits):
+        raise NotImplementedError(
+            f"output_scores/output_logits with {what}: hf_hetspec's rows advance by different numbers of tokens "
+            f"per target forward and it returns only `sequences` for a batch; drop them {_ONE_AT_A_TIME}.")
+    if call.get("prefix_allowed_tokens_fn") is not None:
+        raise NotImplementedError(
+            f"`prefix_allowed_tokens_fn` with {what}: it takes the row's index in the batch, and hf_hetspec's "
+            f"batched loop processes each row on its own; {_ONE_AT_A_TIME}.")
+    for name in ("encoder_repetition_penalty", "encoder_no_repeat_ngram_size"):
+        value = getattr(config, name, None)
+        if value not in (None, 0, 1, 1.0):
+            raise NotImplementedError(f"`{name}={value!r}` with {what}: its processor indexes the prompt batch by "
+                                      f"row, and hf_hetspec's batched loop processes each row on its own; "
+                                      f"{_ONE_AT_A_TIME}.")
+    if config.pad_token_id is None and config.eos_token_id is None:
+        raise ValueError(f"{what} without pad_token_id or eos_token_id: rows that stop early are padded with "
+                         "pad_token_id; pass pad_token_id= (e.g. the tokenizer's pad id).")
+    cache = cache_from_kwargs(model_kwargs)
+    if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
+        raise NotImplementedError(f"a filled cache passed to generate() with {what}: hf_hetspec's batched loop "
+                                  f"prefills every row itself; pass no cache {_ONE_AT_A_TIME}.")
+    attention = getattr(target.config, "_attn_implementation", None) or "eager"
+    if attention not in BATCH_ATTENTION:
+        raise NotImplementedError(
+            f"the target's attn_implementation={attention!r} with {what}: hf_hetspec's batched loop leaves masked "
+            f"holes in the cache and relies on a 2-D attention mask, honoured exactly by {', '.join(BATCH_ATTENTION)};"
+            f" load the target with attn_implementation='sdpa' {_ONE_AT_A_TIME}.")
+    text_config = target.config.get_text_config(decoder=True) if hasattr(target.config, "get_text_config") \
+        else target.config
+    for layer in DynamicCache(config=text_config).layers:
+        if not (type(layer) is DynamicLayer or isinstance(layer, DummyLayer)):
+            raise NotImplementedError(
+                f"{type(target).__name__} with {what}: its cache has {type(layer).__name__} layers, whose window "
+                "counts cache slots, while hf_hetspec's batched loop leaves holes in the cache (rejected draft "
+                f"tokens, padding); {_ONE_AT_A_TIME}.")
 
 
 # --------------------------------------------------------------------------------------------------------

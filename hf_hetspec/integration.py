@@ -9,9 +9,10 @@
 2. calls transformers' own ``generate()`` with that config and ``custom_generate=`` set to our decoding loop
    (:func:`~hf_hetspec.decoding.speculative_generate`), so the logits processors, stopping criteria, streamer
    and KV cache are prepared by transformers exactly as for plain decoding; the loop builds the algorithm's
-   proposer (:func:`hf_hetspec.plan.build_proposer`) for the prompt transformers hands it.
+   proposer (:func:`hf_hetspec.plan.build_proposer`) for the prompt transformers hands it; a batch (several
+   rows or a padded one) goes to :func:`hf_hetspec.batched.batched_generate`, one proposer per row.
 
-Only token ids and text cross between the models: the call's ``attention_mask`` (all ones),
+Only token ids and text cross between the models: the call's ``attention_mask``,
 ``position_ids`` and cache are the target's and never reach the drafter, whose sequence has another length
 (it numbers its own positions and keeps its own cache); ``assistant_input_ids=`` gives the drafter its own
 prompt (e.g. its own chat template, :func:`hf_hetspec.chat_inputs`).
@@ -26,6 +27,7 @@ Without ``assistant_model`` the call goes to transformers unchanged. Supported: 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 import time
@@ -38,6 +40,7 @@ from transformers import PreTrainedModel, StoppingCriteriaList, StopStringCriter
 from transformers.generation.utils import GenerationMixin
 
 from .candidates import GENERATORS, HetspecCandidateGenerator
+from .batched import batched_generate
 from .compat import cache_from_kwargs
 from .decoding import speculative_generate
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
@@ -240,6 +243,11 @@ class _HetSpecDecoding:
         **model_kwargs,
     ):
         began = time.perf_counter()
+        mask = model_kwargs.get("attention_mask")
+        if input_ids.shape[0] > 1 or (mask is not None and not bool((mask == 1).all())):
+            out = self._batch(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+            self.stats.total_s = time.perf_counter() - began
+            return out
         # the proposer times its own conversion of the prompt (translation_s): not timed again here
         proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats, self.generator)
         if self.streamer is not None:
@@ -260,6 +268,20 @@ class _HetSpecDecoding:
         )
         self.stats.total_s = time.perf_counter() - began
         return out
+
+    def _batch(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        """Several rows, or a padded one: :func:`hf_hetspec.batched.batched_generate`, one proposer per row."""
+
+        def make_proposer(row_ids, max_length):
+            config = copy.copy(generation_config)
+            config.max_length = max_length  # the row's own length budget: the call's minus its padding
+            return build_proposer(self.plan, self.drafter, row_ids, config, self.stats, self.generator)
+
+        return batched_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                make_proposer, self.stats, attention_mask=model_kwargs.get("attention_mask"),
+                                position_ids=model_kwargs.get("position_ids"),
+                                past_key_values=cache_from_kwargs(model_kwargs), generator=self.generator,
+                                verification=self.plan.verification)
 
 
 class _TransformersLoop:

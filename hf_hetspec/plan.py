@@ -12,8 +12,9 @@ The plan is made by small named steps, each the one source of its rule. Every re
    and the pairing cards recommend through the same function); then
    :func:`~hf_hetspec.checks.check_draft_temperature` and :func:`~hf_hetspec.checks.check_verification`, the
    keywords that make sense only for some algorithms, :func:`~hf_hetspec.checks.check_schedule` (a call's own
-   ``hetspec_schedule``) and :func:`~hf_hetspec.checks.check_loop` -- what transformers' loop
-   (``hetspec_loop="transformers"``) cannot honour;
+   ``hetspec_schedule``), :func:`~hf_hetspec.checks.check_batch` -- what a batch cannot have -- and
+   :func:`~hf_hetspec.checks.check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot
+   honour;
 4. :func:`~hf_hetspec.checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
    drafter in the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback);
 5. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
@@ -40,6 +41,7 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
     IMPLEMENTED,
     LOOPS,
     VERIFICATIONS,
+    check_batch,
     check_call,
     check_draft_temperature,
     check_drafter_prompt,
@@ -295,6 +297,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
                          ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
     if args.schedule is not None:
         check_schedule(args.schedule, schedule_settings)
+    check_batch(target, args, call, config, rest)
     check_loop(args, config.stop_strings, call, rest)
     check_drafter_weights(drafter)
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback

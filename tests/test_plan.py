@@ -106,7 +106,6 @@ def test_explicit_schedules():
     "settings, match",
     [
         ({"num_beams": 2}, "num_beams"),
-        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
         ({"use_cache": False}, "use_cache"),
         ({"cache_implementation": "static"}, "cache_implementation"),
         ({"num_assistant_tokens": 0}, "num_assistant_tokens"),

@@ -177,8 +177,8 @@ def test_library_refusals_become_cli_errors():
     target = toy.tiny_causal_lm(target_tokenizer, seed=0, arch="qwen2")
     drafter = toy.tiny_causal_lm(drafter_tokenizer, seed=1)
     runner = Runner(target, target_tokenizer, drafter, drafter_tokenizer, max_new_tokens=4)
-    batch = target_tokenizer([PROMPT, PROMPT], return_tensors="pt").input_ids  # (2, n): one prompt per call
-    with pytest.raises(MethodError, match="one sequence at a time"):
+    batch = target_tokenizer([PROMPT, PROMPT], return_tensors="pt").input_ids  # (2, n): the runner streams
+    with pytest.raises(MethodError, match="`streamer` with a batch of 2 rows"):
         runner.hetspec(batch)
     assert not integration.is_enabled(target)
 
