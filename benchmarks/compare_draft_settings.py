@@ -14,7 +14,11 @@ target forward and drafted tokens per target forward. The log of
                      "slrs-conf0.4": {"hetspec_algorithm": "slrs", "num_assistant_tokens": 20,
                                       "assistant_confidence_threshold": 0.4}}'
 
-HumanEval/20-29 are the tuning prompts; the bench reports HumanEval/0-9. A setting with
+HumanEval/20-29 are the tuning prompts; the bench reports HumanEval/0-9. ``--tasks`` takes the prompts from the
+evaluation suite instead (``hf-hetspec bench --suite spec-bench``'s tasks, ``--per-task`` prompts of each from
+``--half``, default the tuning half; a prompt's first turn), printing per-task totals too. A setting's ``"schedule"`` (an object of
+:class:`hf_hetspec.Schedule` fields) changes the default schedule of its algorithm and drafter runtime, e.g.
+``{"hetspec_algorithm": "slem", "schedule": {"context_lookup": false, "back_off": false}}``. A setting with
 ``"hetspec_loop": "transformers"`` runs in transformers' loop, which takes no ``hetspec_generator``: it samples
 with torch's global RNG, seeded per call. ``benchmarks/results/loops/slem-greedy-humaneval-0-5.log``::
 
@@ -31,10 +35,39 @@ import time
 
 import torch
 
+import dataclasses
+import os
+
 from hf_hetspec import integration
+from hf_hetspec.runtime import prepare_drafter
+from hf_hetspec.schedule import choose_schedule
 from hf_hetspec.tools import zoo
 from hf_hetspec.tools.prompts import code_prompts
-from hf_hetspec.tools.tasks import chat_ids
+from hf_hetspec.tools.tasks import DEFAULT_SPEC_BENCH, chat_ids, load_prompts
+
+
+def _prompts(args, tokenizer) -> list[tuple[str, str, torch.Tensor]]:
+    """``(task, prompt id, target ids)`` of the HumanEval range, or of ``--tasks`` from the suite's ``--half``."""
+    if not args.tasks:
+        first, end = args.prompts
+        return [("code", p.prompt_id, chat_ids(tokenizer, [{"role": "user", "content": p.message}], True))
+                for p in code_prompts(end)[first:end]]
+    found, _ = load_prompts(args.tasks, {task: args.per_task for task in args.tasks}, DEFAULT_SPEC_BENCH, "local",
+                            (False, "local"), args.half)
+    return [(p.task, p.prompt_id, chat_ids(tokenizer, [{"role": "user", "content": p.turns[0]}], p.chat))
+            for p in found]
+
+
+def _kwargs(setting: dict, drafter) -> dict:
+    """``generate()`` keywords of a setting: its ``"schedule"`` changes applied to the default schedule of its
+    algorithm for the drafter runtime that runs (``hetspec_drafter``, default ``auto``)."""
+    kwargs = dict(setting)
+    changes = kwargs.pop("schedule", None)
+    if changes is not None:
+        runtime = prepare_drafter(drafter, kwargs.get("hetspec_drafter", "auto")).runtime
+        default = choose_schedule(kwargs.get("hetspec_algorithm", "slem"), drafter_runtime=runtime)
+        kwargs["hetspec_schedule"] = dataclasses.replace(default, **changes)
+    return kwargs
 
 
 def main() -> None:
@@ -48,6 +81,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--settings", required=True, help="JSON: {name: generate() kwargs}; 'target' = alone")
+    parser.add_argument("--tasks", nargs="+", default=None, help="suite tasks instead of the HumanEval range")
+    parser.add_argument("--per-task", type=int, default=5, help="prompts per task with --tasks (default 5)")
+    parser.add_argument("--half", default="tune", choices=("tune", "report", "all"), help="with --tasks")
     args = parser.parse_args()
     settings = json.loads(args.settings)
     torch.set_num_threads(args.threads)
@@ -55,9 +91,10 @@ def main() -> None:
     drafter, drafter_tok = zoo.load(args.drafter, dtype=torch.bfloat16)
     integration.enable(target)
     totals: dict[str, list[float]] = {}
-    first, end = args.prompts
-    for prompt in code_prompts(end)[first:end]:
-        ids = chat_ids(target_tok, [{"role": "user", "content": prompt.message}], True)
+    per_task: dict[tuple[str, str], list[float]] = {}
+    settings = {name: _kwargs(setting, drafter) for name, setting in settings.items()}
+    print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
+    for task, prompt_id, ids in _prompts(args, target_tok):
         for seed in args.seeds:
             for name, kwargs in settings.items():
                 torch.manual_seed(seed)
@@ -80,10 +117,18 @@ def main() -> None:
                     forwards, drafted, accepted = stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens
                     rejections = stats.rejections
                 seconds = time.perf_counter() - start
-                row = totals.setdefault(name, [0, 0, 0, 0, 0, 0.0])
-                for i, value in enumerate((new, forwards, drafted, accepted, rejections, seconds)):
-                    row[i] += value
-                print(prompt.prompt_id, seed, name, new, forwards, drafted, accepted, f"{seconds:.1f}s", flush=True)
+                for row in (totals.setdefault(name, [0, 0, 0, 0, 0, 0.0]),
+                            per_task.setdefault((task, name), [0, 0, 0, 0, 0, 0.0])):
+                    for i, value in enumerate((new, forwards, drafted, accepted, rejections, seconds)):
+                        row[i] += value
+                print(prompt_id, seed, name, new, forwards, drafted, accepted, f"{seconds:.1f}s",
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.tasks:
+        for (task, name), (new, forwards, *_, seconds) in per_task.items():
+            base = per_task.get((task, "target"))
+            speedup = f" speedup {new / seconds / (base[0] / base[-1]):.2f}x" if base and name != "target" else ""
+            print(f"{task:16s} {name:14s} tok/s {new / seconds:.2f}{speedup} tok/fwd {new / max(forwards, 1):.2f}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     base = totals["target"][0] / totals["target"][-1] if "target" in totals else None
     for name, (new, forwards, drafted, accepted, rejections, seconds) in totals.items():
         speed = new / seconds

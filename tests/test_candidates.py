@@ -28,7 +28,7 @@ from hf_hetspec.candidates import (
 )
 from hf_hetspec.intersection import IntersectionLogitsProcessor
 from hf_hetspec.proposer import TokenLevelProposer
-from test_lossless import half_sure_argmax_drafts
+from test_lossless import _prompt, half_sure_argmax_drafts
 from hf_hetspec.testing import (
     check_lossless,
     exact_target_distribution,
@@ -324,7 +324,7 @@ def test_rejects_candidate_logits_not_restricted_to_the_support(toy_pair, monkey
 # Real vocabularies: the pairs and prompts of tests/test_lossless.py (chosen there for power and for both the
 # acceptance and the rejection paths). One cell runs by default, the others are slow.
 REAL_CELLS = [
-    pytest.param(("qwen2.5-coder", "smollm2"), "tli", "Our", {}, id="qwen-smollm2-tli-greedy-draft"),
+    pytest.param(("qwen2.5-coder", "smollm2"), "tli", None, {}, id="qwen-smollm2-tli-greedy-draft"),
     pytest.param(("gemma3", "qwen2.5-coder"), "slrs", "self", {"hetspec_draft_temperature": 1.0},
                  id="gemma3-qwen-slrs-sampled-draft", marks=pytest.mark.slow),
     pytest.param(("gemma3", "qwen2.5-coder"), "slrs", "self", {}, id="gemma3-qwen-slrs-greedy-draft",
@@ -335,7 +335,10 @@ REAL_CELLS = [
 ]
 
 
-def _real_report(pair, algorithm, prompt, extra):
+def _real_report(pair, algorithm, prompt, extra, names=None):
+    """``prompt`` ``None``: tests/test_lossless.py's choice for the pair on this machine (``_prompt``)."""
+    if prompt is None:
+        prompt = _prompt(pair, names, algorithm, "t1")
     ids = _ids(pair, prompt)
     expected = exact_target_distribution(pair.target, ids, 2, **T1)
     n = required_samples(expected, 0.2, 0.9, ALPHA)
@@ -348,7 +351,7 @@ def _real_report(pair, algorithm, prompt, extra):
 
 @pytest.mark.parametrize("names, algorithm, prompt, extra", REAL_CELLS)
 def test_sampling_is_lossless_on_real_vocabularies(real_pair, names, algorithm, prompt, extra):
-    report, sampler = _real_report(real_pair(*names), algorithm, prompt, extra)
+    report, sampler = _real_report(real_pair(*names), algorithm, prompt, extra, names)
     assert report.num_bins >= 3 and report.passed, str(report)
     assert 0 < sampler.accepted_tokens < sampler.drafted_tokens
 
@@ -371,7 +374,8 @@ def test_rejects_greedy_drafts_verified_as_if_they_were_sampled_on_real_vocabula
     """BROKEN as in tests/test_lossless.py: a greedy draft reported with ``q(x) = 1/2``; passes unbroken in
     ``test_sampling_is_lossless_on_real_vocabularies[qwen-smollm2-tli-greedy-draft]``."""
     monkeypatch.setattr(TokenLevelProposer, "_propose", half_sure_argmax_drafts(TokenLevelProposer._propose))
-    report, sampler = _real_report(real_pair("qwen2.5-coder", "smollm2"), "tli", "Our", {})
+    names = ("qwen2.5-coder", "smollm2")
+    report, sampler = _real_report(real_pair(*names), "tli", None, {}, names)
     assert not report.passed and report.p_value < REJECT, str(report)
 
 

@@ -69,8 +69,13 @@ REAL_PAIRS = list(itertools.permutations(REAL, 2))
 #: are *not* target tokens, so SLRS proposes proper byte-prefixes of them (mass TLI would drop) and SLEM
 #: re-tokenizes drafter text. Qwen2.5-Coder <- SmolLM2 has no such prompt among ~150 tried (SmolLM2's likely
 #: tokens are all Qwen tokens): there SLRS drafts exactly what TLI drafts (same samples at the same seed).
+#: The tiny models are trained on the CPU, whose rounding differs between machines (AVX-512 or AVX2 kernels):
+#: a pair may map to several prompts, and :func:`_prompt` takes the first whose exact target distribution is
+#: spread enough on this machine (:func:`_spread`). "Our" (Qwen2.5-Coder <- SmolLM2), chosen on an earlier
+#: machine, had a top outcome of 0.81-0.95 and an acceptance of 0.9-0.97 on the 2026-12-02 development machine
+#: (AVX2); "1" had 0.33-0.49 and 0.6-0.8 there.
 TLI_PROMPT = {
-    ("qwen2.5-coder", "smollm2"): "Our",
+    ("qwen2.5-coder", "smollm2"): ("Our", "1"),
     ("qwen2.5-coder", "gemma3"): "1",
     ("smollm2", "qwen2.5-coder"): "1",
     ("smollm2", "gemma3"): "print",
@@ -83,7 +88,7 @@ TLI_PROMPT = {
 #: (``test_tli_never_accepts_where_the_drafter_prefers_an_unshared_token``); likewise "The cat" for
 #: Gemma-3 <- SmolLM2.
 STRING_PROMPT = {
-    ("qwen2.5-coder", "smollm2"): "Our",
+    ("qwen2.5-coder", "smollm2"): ("Our", "1"),
     ("qwen2.5-coder", "gemma3"): "の",
     ("smollm2", "qwen2.5-coder"): "self",
     ("smollm2", "gemma3"): "我们",
@@ -283,9 +288,27 @@ def _exact(pair, prompt, setting):
     return _EXACT[key]
 
 
+#: A prompt's exact two-token distribution is spread enough when its likeliest outcome has at most this
+#: probability and at least three outcomes have 3% or more (several bins; the rejection path has mass).
+MAX_TOP_OUTCOME = 0.7
+
+
+def _spread(expected: dict) -> bool:
+    """Whether ``expected`` (outcome -> probability) is spread enough for a test with power (:data:`MAX_TOP_OUTCOME`)."""
+    return max(expected.values()) <= MAX_TOP_OUTCOME and sum(p >= 0.03 for p in expected.values()) >= 3
+
+
+def _prompt(pair, names, algorithm, setting) -> str:
+    """The pair's prompt for ``algorithm`` (``TLI_PROMPT`` or ``STRING_PROMPT``): the first candidate whose exact
+    distribution under ``setting`` is spread enough on this machine (:func:`_spread`), else the last one."""
+    candidates = (TLI_PROMPT if algorithm == "tli" else STRING_PROMPT)[names]
+    candidates = (candidates,) if isinstance(candidates, str) else candidates
+    return next((c for c in candidates if _spread(_exact(pair, c, setting))), candidates[-1])
+
+
 def _real_report(pair, names, algorithm, setting, n=None, seed=0, draft="sampled-draft"):
     """(report, sampler) on a real pair's prompt; ``n`` defaults to what the power requirement needs."""
-    prompt = (TLI_PROMPT if algorithm == "tli" else STRING_PROMPT)[names]
+    prompt = _prompt(pair, names, algorithm, setting)
     expected = _exact(pair, prompt, setting)
     n = n or required_samples(expected, POWER_TV, POWER, ALPHA)
     extra = _draft_kwargs(draft, SETTINGS[setting]["temperature"]) if algorithm != "slem" else {}
@@ -307,16 +330,21 @@ def test_sampling_is_lossless_on_real_vocabularies(real_pair, names, algorithm, 
     assert sampler.accepted_tokens < sampler.drafted_tokens, "no draft was rejected: the residual is untested"
 
 
-def test_tli_never_accepts_where_the_drafter_prefers_an_unshared_token(real_pair):
-    """Why TLI has its own prompts (``TLI_PROMPT``): TLI drafts only shared tokens, and after "self" every
-    shared token the Qwen drafter proposes is outside the Gemma-3 target's top 5 (SLRS accepts there)."""
+def test_tli_rarely_accepts_where_the_drafter_prefers_an_unshared_token(real_pair):
+    """Why TLI has its own prompts (``TLI_PROMPT``): TLI drafts only shared tokens, and after "self" the
+    shared tokens the Qwen drafter proposes are nearly all outside the Gemma-3 target's top 5, while SLRS,
+    proposing byte-prefixes of the drafter's unshared favourite "):\n", is accepted often there."""
     names = ("gemma3", "qwen2.5-coder")
     pair = real_pair(*names)
     ids = _ids(pair, STRING_PROMPT[names])
-    sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids,
-                              "tli", 2, **T1)
-    sample_outcomes(sampler, 30, seed=0)
-    assert sampler.drafted_tokens >= 30 and sampler.accepted_tokens == 0
+    rates = {}
+    for algorithm in ("tli", "slrs"):
+        sampler = hetspec_sampler(pair.target, pair.drafter, pair.target_tokenizer, pair.drafter_tokenizer, ids,
+                                  algorithm, 2, **T1)
+        sample_outcomes(sampler, 40, seed=0)
+        assert sampler.drafted_tokens >= 40
+        rates[algorithm] = sampler.accepted_tokens / sampler.drafted_tokens
+    assert rates["tli"] <= 0.1 and rates["slrs"] >= 0.2, rates
     unshared = pair.drafter_tokenizer.convert_tokens_to_ids("):\u010a")  # byte-level "):\n"
     intersection = hf_hetspec.vocabulary_intersection(pair.target_tokenizer, pair.drafter_tokenizer)
     assert intersection.drafter_to_target[unshared] == -1

@@ -142,8 +142,12 @@ def _copying_prompt(pair) -> torch.LongTensor:
     return pair.target_tokenizer(copied, return_tensors="pt").input_ids
 
 
-@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
-@pytest.mark.parametrize("pair_name", ["toy_pair", "toy_pair_reversed"])
+@pytest.mark.parametrize("pair_name, algorithm", [
+    ("toy_pair", "slem"), ("toy_pair_reversed", "tli"), ("toy_pair", "slrs"),
+    pytest.param("toy_pair_reversed", "slem", marks=pytest.mark.slow),
+    pytest.param("toy_pair", "tli", marks=pytest.mark.slow),
+    pytest.param("toy_pair_reversed", "slrs", marks=pytest.mark.slow),
+])
 def test_greedy_with_lookup_is_the_target_alone(request, algorithm, pair_name):
     """Greedy output with the default schedule (lookup and back-off) equals the target alone's, and the lookup
     really drafted and was accepted (on ``toy_pair_reversed`` TLI's drafter never is)."""
