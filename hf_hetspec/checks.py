@@ -658,6 +658,10 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
     if c is not None and not (isinstance(c, (int, float)) and not isinstance(c, bool) and 0.0 <= c < 1.0):
         raise ValueError(f"hetspec_schedule.cost_ratio={c!r}: the drafter step's cost in target forwards, a "
                          "number in [0, 1), or None for the drafter runtime's measured figure.")
+    v = schedule.verify_cost
+    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v < 10.0):
+        raise ValueError(f"hetspec_schedule.verify_cost={v!r}: the cost of verifying one more draft token in "
+                         "target forwards, a number in [0, 10), or None for the target's figure.")
     return schedule
 
 

@@ -67,6 +67,7 @@ from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import 
     Schedule,
     SlemDefault,
     choose_schedule,
+    verify_cost,
 )
 from .slem import SLEMProposer
 from .sources import with_sources
@@ -115,6 +116,7 @@ class DecodingPlan:
             to verification (:func:`choose_draft_policy`); ``None`` for SLEM.
         drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
         verification: ``hetspec_verification``, one of ``VERIFICATIONS`` (:func:`check_verification`).
+        verify_cost: ``v`` of the target as it computes (:func:`~hf_hetspec.schedule.verify_cost`).
     """
 
     algorithm: str
@@ -133,6 +135,7 @@ class DecodingPlan:
     draft_policy: DraftPolicy | None = None
     drafter_prompt: tuple[int, ...] | None = None
     verification: str = "token"
+    verify_cost: float = VERIFY_COST
 
     @property
     def note(self) -> str:
@@ -302,7 +305,9 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     check_drafter_weights(drafter)
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
     prepared = prepare_drafter(drafter, args.drafter_runtime)
-    schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime, **schedule_settings)
+    target_verify_cost = verify_cost(model_device(target), _dtype(target))
+    schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime,
+                                                verify_cost=target_verify_cost, **schedule_settings)
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     if args.verification == "block" and draft_temperature == 0:  # block verification needs drafts with a q
         draft_temperature = float(config.temperature or 1.0)
@@ -329,7 +334,13 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         draft_policy=choose_draft_policy(algorithm, config, draft_temperature),
         drafter_prompt=drafter_prompt,
         verification=args.verification,
+        verify_cost=target_verify_cost,
     )
+
+
+def _dtype(model) -> torch.dtype:
+    """The dtype the model computes in: its first floating-point parameter's (float32 when it has none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _rows(model) -> int:
@@ -385,7 +396,8 @@ def _with_sources(plan: DecodingPlan, proposer, input_ids, generation_config, st
     counting the drafter's steps at the cost ratio of the runtime that really runs."""
     schedule = plan.schedule
     cost_ratio = schedule.cost_ratio if schedule.cost_ratio is not None else COST_RATIOS[plan.drafter.runtime]
-    return with_sources(proposer, input_ids, cost_ratio=cost_ratio, verify_cost=VERIFY_COST,
+    v = schedule.verify_cost if schedule.verify_cost is not None else plan.verify_cost
+    return with_sources(proposer, input_ids, cost_ratio=cost_ratio, verify_cost=v,
                         lookup=schedule.context_lookup, back_off=schedule.back_off,
                         max_length=generation_config.max_length, stats=stats)
 

@@ -74,6 +74,8 @@ class Schedule:
             target's own (:mod:`hf_hetspec.sources`).
         cost_ratio: ``c`` the source policy counts per drafter step (target forwards); ``None``: the
             runtime's :data:`COST_RATIOS` entry.
+        verify_cost: ``v`` the source policy counts per verified draft token (target forwards); ``None``:
+            :func:`verify_cost` of the target.
     """
 
     lookahead: int
@@ -83,11 +85,37 @@ class Schedule:
     context_lookup: bool = False
     back_off: bool = False
     cost_ratio: float | None = None
+    verify_cost: float | None = None
 
 
 #: ``v``: target forwards added to a verification by one more drafted token (a forward over ``k + 1`` tokens
-#: costs about ``1 + v k`` single-token forwards of the memory-bound target on this project's CPU).
-VERIFY_COST = 0.03
+#: costs about ``1 + v k`` single-token forwards), by how the target computes (:func:`verify_cost`). A memory-bound
+#: forward reads the weights once for any short ``k``: 0.03 for a bf16 Qwen2.5-Coder-1.5B on a CPU with bf16
+#: instructions (the tuning machine of :data:`SLEM_DEFAULTS`), and a GPU is no worse. A CPU without half-precision
+#: instructions computes bf16/fp16 by conversion, and a forward's cost grows with its tokens: on an AVX2 AMD EPYC
+#: (2026-12-02, two threads) one token took 242 ms and 16 tokens 2,711 ms (0.68 per token); in float32 481 ms
+#: and 1,229 ms (0.10).
+VERIFY_COSTS: dict[str, float] = {"native": 0.03, "cpu-emulated-half": 0.68, "cpu-float32": 0.10}
+VERIFY_COST = VERIFY_COSTS["native"]
+
+
+def verify_cost(device, dtype) -> float:
+    """``v`` for a target whose weights are ``dtype`` on ``device`` (:data:`VERIFY_COSTS`): on a CPU, float32, or
+    bf16/fp16 with or without the CPU's own half-precision instructions (oneDNN's check); elsewhere ``native``.
+    A property of the machine, the same on every rank and every run, so the source policy stays reproducible."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cpu":
+        return VERIFY_COSTS["native"]
+    if dtype in (torch.bfloat16, torch.float16):
+        check = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
+                 else torch.ops.mkldnn._is_mkldnn_fp16_supported)
+        try:
+            native = bool(check())
+        except (AttributeError, RuntimeError):  # a torch build without oneDNN
+            native = False
+        return VERIFY_COSTS["native" if native else "cpu-emulated-half"]
+    return VERIFY_COSTS["cpu-float32"]
 #: ``c`` per drafter runtime: drafter step seconds / target step seconds, SmolLM2-135M drafter, bf16
 #: Qwen2.5-Coder-1.5B target, one CPU thread (``hf-hetspec bench`` measures it as ``cost_ratio``: 0.165 eager,
 #: 0.06-0.08 int8, 0.056 int8-static). A fixed table rather than the call's clock keeps the source policy
@@ -138,7 +166,8 @@ TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8
 
 def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assistant_tokens: int | None = None,
                     num_assistant_tokens_schedule: str | None = None,
-                    assistant_confidence_threshold: float | None = None) -> Schedule:
+                    assistant_confidence_threshold: float | None = None,
+                    verify_cost: float = VERIFY_COST) -> Schedule:
     """The draft-length schedule from the user's explicit settings, else the algorithm's default.
 
     ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
@@ -147,7 +176,9 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     runs (the prepared drafter's, after any fallback; never ``"auto"``); TLI and SLRS follow transformers'
     +2/-1 rule from ``DEFAULT_LOOKAHEAD`` down to :data:`TOKEN_LEVEL_FLOORS` of the runtime; both default
     schedules also draft from the context and back off (:mod:`hf_hetspec.sources`), which a schedule made
-    from explicit settings does not (the user asked for drafts of a given length). The confidence
+    from explicit settings does not (the user asked for drafts of a given length). Where verification is dear
+    (``verify_cost``, :func:`verify_cost`, more than twice the tuning machine's cost per draft token), SLEM's
+    joint cut-off rises to ``c + v`` and TLI/SLRS start from one token with a floor of one. The confidence
     stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs 1.26x; Gemma-3 greedy TLI 0.87x): a
     drafter token the target would tokenize differently is rejected however sure the drafter is.
 
@@ -165,11 +196,19 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
         lookahead = num_assistant_tokens if num_assistant_tokens is not None else DEFAULT_LOOKAHEAD
         adaptive = num_assistant_tokens_schedule in ("heuristic", "heuristic_transient")
         return Schedule(lookahead, adaptive, DraftStop(min_confidence))
+    # where verifying a token is dear (``verify_cost`` well above the tuning machine's), a draft token pays only
+    # while the drafter's estimate that it is accepted exceeds c + v (DraftStop), and token-level drafts start
+    # from and may fall to one token (Leviathan et al. 2023, Section 3.4)
+    dear = verify_cost + COST_RATIOS[drafter_runtime] > 2 * (VERIFY_COST + COST_RATIOS[drafter_runtime])
     if algorithm == "slem":
         default = SLEM_DEFAULTS[drafter_runtime]
         min_joint = default.min_joint if threshold is None else 0.0
+        if dear and threshold is None:
+            min_joint = max(min_joint, min(0.95, verify_cost + COST_RATIOS[drafter_runtime]))
         return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint), context_lookup=True,
                         back_off=True)
+    if dear:
+        return Schedule(1, True, DraftStop(min_confidence), 1, context_lookup=True, back_off=True)
     return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime],
                     context_lookup=True, back_off=True)
 

@@ -262,3 +262,48 @@ def test_sources_settings_are_checked(toy_pair):
         with pytest.raises(ValueError, match=words):
             _generate(toy_pair, ids, max_new_tokens=2, hetspec_schedule=bad)
     assert VERIFY_COST > 0
+
+
+def test_verify_cost_follows_how_the_target_computes(monkeypatch):
+    """``v`` is a property of the machine: float32 and CPU half precision with or without the CPU's own
+    half-precision instructions (oneDNN's check, stubbed here both ways), and any GPU."""
+    from hf_hetspec.schedule import VERIFY_COSTS, verify_cost
+
+    cpu = torch.device("cpu")
+    assert verify_cost(cpu, torch.float32) == VERIFY_COSTS["cpu-float32"]
+    assert verify_cost(torch.device("cuda", 0), torch.bfloat16) == VERIFY_COSTS["native"]
+    for native, expected in ((True, "native"), (False, "cpu-emulated-half")):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda native=native: native)
+        assert verify_cost(cpu, torch.bfloat16) == VERIFY_COSTS[expected]
+
+
+def test_dear_verification_shortens_the_default_drafts():
+    """Where a verified token costs 0.68 target forwards (bf16 on a CPU without bf16 instructions), SLEM drafts
+    only while the drafter's joint estimate exceeds c + v, and TLI/SLRS start from one token; explicit
+    settings are the user's."""
+    from hf_hetspec.schedule import SLEM_DEFAULTS, VERIFY_COSTS
+
+    dear = VERIFY_COSTS["cpu-emulated-half"]
+    cheap_slem = choose_schedule("slem", drafter_runtime="int8-static")
+    dear_slem = choose_schedule("slem", drafter_runtime="int8-static", verify_cost=dear)
+    assert cheap_slem.stop.min_joint == SLEM_DEFAULTS["int8-static"].min_joint
+    assert dear_slem.stop.min_joint == pytest.approx(dear + COST_RATIOS["int8-static"])
+    dear_tli = choose_schedule("tli", drafter_runtime="int8-static", verify_cost=dear)
+    assert (dear_tli.lookahead, dear_tli.min_lookahead) == (1, 1) and dear_tli.adaptive
+    assert choose_schedule("tli", drafter_runtime="int8-static").min_lookahead == 3
+    assert choose_schedule("slem", num_assistant_tokens=7, verify_cost=dear).lookahead == 7
+
+
+def test_the_plan_counts_the_targets_verify_cost(toy_pair):
+    """The toy target computes in float32 on the CPU: the plan and the policy use that ``v``, and a schedule's
+    own ``verify_cost`` wins."""
+    from hf_hetspec.plan import HetspecArguments, make_plan
+    from hf_hetspec.schedule import VERIFY_COSTS
+
+    ids = toy_pair.target_tokenizer("the", return_tensors="pt").input_ids
+    kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer}
+    call = {"inputs": ids, "assistant_model": toy_pair.drafter, "max_new_tokens": 4}
+    plan = make_plan(toy_pair.target, call, dict(kwargs), HetspecArguments("slem"))
+    assert plan.verify_cost == VERIFY_COSTS["cpu-float32"]
+    with pytest.raises(ValueError, match="verify_cost"):
+        _generate(toy_pair, ids, max_new_tokens=2, hetspec_schedule=Schedule(3, False, verify_cost=-1.0))
