@@ -63,6 +63,7 @@ from .compat import cache_kwargs, output_cache_kwargs
 from .decoding import _process
 from .drafter import model_device, rollback_cache
 from .proposer import Draft, Proposer
+from .schedule import VERIFY_COST, VERIFY_COSTS
 from .stats import DecodingStats
 from .verify import verify_block, verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
@@ -83,14 +84,20 @@ COMPACT_HOLE_SHARE = 0.5
 COMPACT_MIN_SLOTS = 64
 
 
-def draft_cap(rows: int) -> int | None:
+def draft_cap(rows: int, verify_cost: float = VERIFY_COST) -> int | None:
     """The most target tokens a row's draft may keep in a round with ``rows`` unfinished rows: ``None`` (no cap)
-    for a single row, else ``BATCH_DRAFT_TOKEN_BUDGET // rows - 1`` (:data:`BATCH_DRAFT_TOKEN_BUDGET`), or ``0`` --
-    no drafting, plain batched decoding -- when that is below :data:`MIN_BATCH_DRAFT`. Cutting a draft is exact:
-    its first ``c`` tokens, with the distributions they were drawn from, are a draft of their own."""
+    for a single row, else ``budget // rows - 1``, or ``0`` -- no drafting, plain batched decoding -- when that is
+    below :data:`MIN_BATCH_DRAFT`. ``budget`` is :data:`BATCH_DRAFT_TOKEN_BUDGET` where verifying a token costs
+    at most a float32 CPU target's 0.10 forwards, and shrinks in proportion to ``VERIFY_COST / verify_cost``
+    where it costs more (``verify_cost``, the plan's :func:`~hf_hetspec.schedule.verify_cost`: bf16 on a CPU
+    without bf16 instructions, 0.68, leaves 2 tokens, so no drafting at all). Cutting a draft is exact: its first ``c`` tokens, with the
+    distributions they were drawn from, are a draft of their own."""
     if rows <= 1:
         return None
-    cap = BATCH_DRAFT_TOKEN_BUDGET // rows - 1
+    budget = BATCH_DRAFT_TOKEN_BUDGET
+    if verify_cost > VERIFY_COSTS["cpu-float32"]:
+        budget = int(BATCH_DRAFT_TOKEN_BUDGET * VERIFY_COST / verify_cost)
+    cap = budget // rows - 1
     return cap if cap >= MIN_BATCH_DRAFT else 0
 
 
@@ -201,6 +208,7 @@ def batched_generate(
     past_key_values=None,
     generator: torch.Generator | None = None,
     verification: str = "token",
+    verify_cost: float = VERIFY_COST,
 ):
     """Decode a batch with draft-then-verify, one target forward per round for all rows (module docstring).
 
@@ -222,6 +230,8 @@ def batched_generate(
         past_key_values: an empty cache to fill (transformers <= 5.23 prepares one), or ``None``.
         generator: randomness for sampling (``None`` = global RNG), shared by the rows in turn.
         verification: ``"token"`` or ``"block"`` (the plan's ``hetspec_verification``).
+        verify_cost: ``v`` of the target (the plan's, :func:`hf_hetspec.schedule.verify_cost`): the token budget of a
+            round shrinks where verifying a token costs more (:func:`draft_cap`).
 
     Returns:
         ``torch.LongTensor`` of shape ``(B, n + T)``, ``T`` the most tokens any row generated; a row that
@@ -256,7 +266,7 @@ def batched_generate(
     fill = 0 if pad is None else pad
 
     while active:
-        cap = draft_cap(len(active))
+        cap = draft_cap(len(active), verify_cost)
         drafting = cap != 0
         drafts: list[Draft] = []
         for r in active:

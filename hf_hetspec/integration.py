@@ -281,7 +281,7 @@ class _HetSpecDecoding:
                                 make_proposer, self.stats, attention_mask=model_kwargs.get("attention_mask"),
                                 position_ids=model_kwargs.get("position_ids"),
                                 past_key_values=cache_from_kwargs(model_kwargs), generator=self.generator,
-                                verification=self.plan.verification)
+                                verification=self.plan.verification, verify_cost=self.plan.verify_cost)
 
 
 class _TransformersLoop:
