@@ -90,7 +90,7 @@ def draft_cap(rows: int, verify_cost: float = VERIFY_COST) -> int | None:
     below :data:`MIN_BATCH_DRAFT`. ``budget`` is :data:`BATCH_DRAFT_TOKEN_BUDGET` where verifying a token costs
     at most a float32 CPU target's 0.10 forwards, and shrinks in proportion to ``VERIFY_COST / verify_cost``
     where it costs more (``verify_cost``, the plan's :func:`~hf_hetspec.schedule.verify_cost`: bf16 on a CPU
-    without bf16 instructions, 0.68, leaves 2 tokens, so no drafting at all). Cutting a draft is exact: its first ``c`` tokens, with the
+    without bf16 instructions, 1.0, leaves 1 token, so no drafting at all). Cutting a draft is exact: its first ``c`` tokens, with the
     distributions they were drawn from, are a draft of their own."""
     if rows <= 1:
         return None

@@ -93,9 +93,12 @@ class Schedule:
 #: forward reads the weights once for any short ``k``: 0.03 for a bf16 Qwen2.5-Coder-1.5B on a CPU with bf16
 #: instructions (the tuning machine of :data:`SLEM_DEFAULTS`), and a GPU is no worse. A CPU without half-precision
 #: instructions computes bf16/fp16 by conversion, and a forward's cost grows with its tokens: on an AVX2 AMD EPYC
-#: (2026-12-02, two threads) one token took 242 ms and 16 tokens 2,711 ms (0.68 per token); in float32 481 ms
-#: and 1,229 ms (0.10).
-VERIFY_COSTS: dict[str, float] = {"native": 0.03, "cpu-emulated-half": 0.68, "cpu-float32": 0.10}
+#: (2026-12-02, two threads) one token took 242 ms and 16 tokens 2,711 ms (0.68 per token), and at one thread
+#: ``hf-hetspec bench`` measured verification forwards of 6.4 tokens at 6.6 single-token steps (TPOT 388 ms
+#: against 378 ms, benchmarks/results/suite-report-greedy-bf16): about 1 per token, so no draft pays there and
+#: the source policy decodes alone (:class:`hf_hetspec.sources.SourcePolicy`). In float32: 481 ms and 1,229 ms
+#: (0.10).
+VERIFY_COSTS: dict[str, float] = {"native": 0.03, "cpu-emulated-half": 1.0, "cpu-float32": 0.10}
 VERIFY_COST = VERIFY_COSTS["native"]
 
 

@@ -48,6 +48,9 @@ DECAY = 0.8
 PROBE_INTERVAL = 8
 #: Drafter rounds in a row that yield less than the target alone before the policy backs off.
 BACK_OFF_AFTER = 6
+#: The drafter's running rate (tokens per target-forward of cost) below which it counts as failing: below 1, with
+#: a margin for the cost model's approximations (a clear loss, not a near tie).
+BACK_OFF_RATE = 0.9
 #: Rounds without a draft before the drafter is tried again: at first, and at most (the wait doubles).
 MIN_BACK_OFF = 1
 MAX_BACK_OFF = 16
@@ -133,13 +136,13 @@ class SourcePolicy:
 
     * The context lookup drafts when it has a match and its running rate (tokens per cost, :class:`SourceEstimate`)
       is at least the drafter's; it is tried once first, and again after :data:`PROBE_INTERVAL` rounds without it.
-    * The back-off (``"none"``) starts after :data:`BACK_OFF_AFTER` drafter rounds in a row that each yielded
-      less than the target alone would have (``accepted + 1 < cost``: nothing accepted, in practice). The
-      drafter is tried again after :data:`MIN_BACK_OFF` rounds without a draft, after twice as many when that
-      try fails too (up to :data:`MAX_BACK_OFF`), and the back-off ends at the first drafter round that yields
-      more than its cost. Running means would also back off after a few unlucky rounds early in a call and
-      come back slowly; consecutive failures back off only where drafting keeps failing, and the doubling
-      wait keeps a recovering drafter's loss small.
+    * The back-off (``"none"``) starts once the drafter has run :data:`BACK_OFF_AFTER` rounds and yields less
+      than the target alone would: its running rate is below :data:`BACK_OFF_RATE`, or that many rounds in a
+      row each yielded less than their cost (``accepted + 1 < cost``). The drafter is tried again after :data:`MIN_BACK_OFF` rounds
+      without a draft, after twice as many when that try leaves it failing (up to :data:`MAX_BACK_OFF`), and
+      the back-off ends when it no longer fails. Where one verified token costs a whole forward or more
+      (``verify_cost >= 1``: bf16 on a CPU without bf16 instructions at one thread) no draft can pay, and the
+      policy never drafts.
 
     Attributes:
         cost_ratio: ``c``, drafter step / target step of the drafter runtime in use.
@@ -161,13 +164,23 @@ class SourcePolicy:
 
     def choose(self, lookup_available: bool) -> str:
         """The source of the next round."""
+        if self.back_off and self.verify_cost >= 1.0:
+            return "none"  # a k-token draft would cost at least k + 1 forwards for at most k + 1 tokens
         lookup, drafter = self.estimates["lookup"], self.estimates["drafter"]
         if self.lookup and lookup_available:
             if lookup.rounds == 0 or lookup.idle >= PROBE_INTERVAL or lookup.rate >= drafter.rate:
                 return "lookup"
-        if self.back_off and self.failures >= BACK_OFF_AFTER and drafter.idle < self.wait:
+        if self.back_off and self.failing and drafter.idle < self.wait:
             return "none"
         return "drafter"
+
+    @property
+    def failing(self) -> bool:
+        """The drafter has run :data:`BACK_OFF_AFTER` rounds or more and yields less than the target alone: its
+        running rate is below :data:`BACK_OFF_RATE`, or as many rounds in a row each yielded less than their
+        cost."""
+        drafter = self.estimates["drafter"]
+        return self.failures >= BACK_OFF_AFTER or (drafter.rounds >= BACK_OFF_AFTER and drafter.rate < BACK_OFF_RATE)
 
     def record(self, source: str, drafted: int, accepted: int, drafter_forwards: int) -> None:
         """After a round of ``source`` that verified ``drafted`` tokens, accepted ``accepted`` and ran the
@@ -180,14 +193,15 @@ class SourcePolicy:
         if source == "none":
             return
         cost = 1.0 + self.verify_cost * drafted + self.cost_ratio * drafter_forwards
+        was_failing = self.failing
         self.estimates[source].add(accepted + 1.0, cost)
         if source == "drafter":
             failed = accepted + 1.0 < cost
-            if failed and self.failures >= BACK_OFF_AFTER:  # a failed probe: wait twice as long
-                self.wait = min(2 * self.wait, MAX_BACK_OFF)
-            elif not failed:
-                self.wait = MIN_BACK_OFF
             self.failures = self.failures + 1 if failed else 0
+            if was_failing and self.failing:  # a probe that did not pay: wait twice as long
+                self.wait = min(2 * self.wait, MAX_BACK_OFF)
+            elif not self.failing:
+                self.wait = MIN_BACK_OFF
 
 
 class SourcedProposer:

@@ -122,7 +122,7 @@ def test_drafts_cut_to_the_token_budget_keep_every_row(toy_pair, greedy_case, mo
     ids, mask, settings, references = greedy_case
     monkeypatch.setattr(batched, "BATCH_DRAFT_TOKEN_BUDGET", 20)
     assert [batched.draft_cap(rows) for rows in (5, 4, 3, 1)] == [3, 4, 5, None]
-    # bf16 on a CPU without bf16 instructions: a verified token costs 0.68 forwards, the budget shrinks to 0
+    # bf16 on a CPU without bf16 instructions: a verified token costs a whole forward, the budget shrinks to 0
     from hf_hetspec.schedule import VERIFY_COSTS
 
     assert batched.draft_cap(4, VERIFY_COSTS["cpu-float32"]) == 4

@@ -79,34 +79,53 @@ def test_policy_tries_the_lookup_then_takes_the_better_rate():
 
 
 def _run_policy(policy, outcomes):
-    """Sources chosen while the drafter's rounds fail or succeed as ``outcomes`` says, in order."""
+    """Sources chosen while the drafter's rounds yield as ``outcomes`` says (accepted tokens of a 5-token draft),
+    in order, until the outcomes run out."""
     chosen, outcomes = [], list(outcomes)
     while outcomes:
         source = policy.choose(lookup_available=False)
         chosen.append(source)
         if source == "drafter":
-            accepted = 4 if outcomes.pop(0) else 0
-            policy.record("drafter", drafted=5, accepted=accepted, drafter_forwards=5)
+            policy.record("drafter", drafted=5, accepted=outcomes.pop(0), drafter_forwards=5)
         else:
             policy.record("none", 0, 0, 0)
     return chosen
 
 
-def test_policy_backs_off_after_failures_in_a_row_and_waits_longer_after_each_failed_try():
-    fail, ok = False, True
-    policy = SourcePolicy(cost_ratio=0.2, verify_cost=0.03, lookup=False)  # a failed round costs 2.15 forwards
-    chosen = _run_policy(policy, [fail] * (BACK_OFF_AFTER - 1) + [ok] + [fail] * BACK_OFF_AFTER + [fail, fail, ok, ok])
-    assert chosen == (["drafter"] * (2 * BACK_OFF_AFTER)  # the success in between resets the count
-                      + ["none"] * MIN_BACK_OFF + ["drafter"]  # a failed try ...
-                      + ["none"] * 2 * MIN_BACK_OFF + ["drafter"]  # ... doubles the wait
-                      + ["none"] * 4 * MIN_BACK_OFF + ["drafter", "drafter"])  # a success ends the back-off
+def _gaps(chosen):
+    """Rounds without a draft between drafter rounds."""
+    runs, count = [], 0
+    for source in chosen:
+        if source == "none":
+            count += 1
+        elif count:
+            runs.append(count)
+            count = 0
+    return runs
+
+
+def test_policy_backs_off_where_drafts_keep_failing_and_waits_longer_after_each_failed_try():
+    # a 5-token draft with 5 drafter steps costs 2.15 forwards at c = 0.2: 0 accepted is a loss, 4 a gain
+    policy = SourcePolicy(cost_ratio=0.2, verify_cost=0.03, lookup=False)
+    chosen = _run_policy(policy, [0] * (BACK_OFF_AFTER + 4) + [4] * 6)
+    assert chosen[:BACK_OFF_AFTER] == ["drafter"] * BACK_OFF_AFTER and chosen[BACK_OFF_AFTER] == "none"
+    gaps = _gaps(chosen)
+    assert gaps[:4] == [MIN_BACK_OFF * 2 ** i for i in range(4)]  # each failed try doubles the wait
+    assert chosen[-4:] == ["drafter"] * 4  # successful tries end the back-off
+    # a drafter that loses on average without failing in a row: backed off by its running rate
+    mixed = SourcePolicy(cost_ratio=0.2, verify_cost=0.03, lookup=False)
+    assert "none" in _run_policy(mixed, [0, 1] * BACK_OFF_AFTER)  # 1.5 tokens per 2.15 forwards
+    good = SourcePolicy(cost_ratio=0.2, verify_cost=0.03, lookup=False)
+    assert "none" not in _run_policy(good, [0, 4] * 3 * BACK_OFF_AFTER)  # 3 tokens per 2.15 forwards
     off = SourcePolicy(cost_ratio=0.2, verify_cost=0.03, lookup=False, back_off=False)
-    assert "none" not in _run_policy(off, [fail] * 3 * BACK_OFF_AFTER)
+    assert "none" not in _run_policy(off, [0] * 3 * BACK_OFF_AFTER)
     # an empty drafter round (no room, the target inside a character) says nothing about the drafter
     empty = SourcePolicy(cost_ratio=0.2, verify_cost=0.03)
     for _ in range(2 * BACK_OFF_AFTER):
         empty.record("drafter", drafted=0, accepted=0, drafter_forwards=0)
     assert empty.failures == 0 and empty.choose(lookup_available=False) == "drafter"
+    # a verified token that costs a whole forward: no draft can pay, none is made
+    assert SourcePolicy(cost_ratio=0.05, verify_cost=1.0).choose(lookup_available=True) == "none"
 
 
 def test_default_schedules_draft_from_the_context_and_explicit_ones_do_not():
@@ -278,8 +297,8 @@ def test_verify_cost_follows_how_the_target_computes(monkeypatch):
 
 
 def test_dear_verification_shortens_the_default_drafts():
-    """Where a verified token costs 0.68 target forwards (bf16 on a CPU without bf16 instructions), SLEM drafts
-    only while the drafter's joint estimate exceeds c + v, and TLI/SLRS start from one token; explicit
+    """Where a verified token costs a whole target forward (bf16 on a CPU without bf16 instructions), SLEM drafts
+    only while the drafter's joint estimate exceeds c + v (capped at 0.95), and TLI/SLRS start from one token; explicit
     settings are the user's."""
     from hf_hetspec.schedule import SLEM_DEFAULTS, VERIFY_COSTS
 
@@ -287,7 +306,9 @@ def test_dear_verification_shortens_the_default_drafts():
     cheap_slem = choose_schedule("slem", drafter_runtime="int8-static")
     dear_slem = choose_schedule("slem", drafter_runtime="int8-static", verify_cost=dear)
     assert cheap_slem.stop.min_joint == SLEM_DEFAULTS["int8-static"].min_joint
-    assert dear_slem.stop.min_joint == pytest.approx(dear + COST_RATIOS["int8-static"])
+    assert dear_slem.stop.min_joint == pytest.approx(min(0.95, dear + COST_RATIOS["int8-static"]))
+    half_dear = choose_schedule("slem", drafter_runtime="int8-static", verify_cost=0.5)
+    assert half_dear.stop.min_joint == pytest.approx(0.5 + COST_RATIOS["int8-static"])
     dear_tli = choose_schedule("tli", drafter_runtime="int8-static", verify_cost=dear)
     assert (dear_tli.lookahead, dear_tli.min_lookahead) == (1, 1) and dear_tli.adaptive
     assert choose_schedule("tli", drafter_runtime="int8-static").min_lookahead == 3
