@@ -305,7 +305,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     check_drafter_weights(drafter)
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
     prepared = prepare_drafter(drafter, args.drafter_runtime)
-    target_verify_cost = verify_cost(model_device(target), _dtype(target))
+    target_verify_cost = verify_cost(model_device(target), target.dtype)
     schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime,
                                                 verify_cost=target_verify_cost, **schedule_settings)
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
@@ -336,11 +336,6 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         verification=args.verification,
         verify_cost=target_verify_cost,
     )
-
-
-def _dtype(model) -> torch.dtype:
-    """The dtype the model computes in: its first floating-point parameter's (float32 when it has none)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def _rows(model) -> int:

@@ -35,8 +35,9 @@ import torch
 from .proposer import Draft, Proposer
 from .stats import DecodingStats
 
-#: Sources, in the order a tie is broken.
+#: Sources: ``"none"`` needs no estimate (it yields exactly one token per forward).
 SOURCES = ("lookup", "drafter", "none")
+ESTIMATED = SOURCES[:2]
 #: The longest and shortest n-gram (target tokens) the lookup matches; longer matches are tried first.
 LOOKUP_MAX_NGRAM = 4
 LOOKUP_MIN_NGRAM = 3
@@ -149,7 +150,7 @@ class SourcePolicy:
         verify_cost: ``v``, target forwards added by one more verified token.
         lookup: whether the context lookup is a source.
         back_off: whether ``"none"`` is a source.
-        estimates: per source.
+        estimates: per source but "none" (:data:`ESTIMATED`).
         failures: drafter rounds in a row that yielded less than their cost.
         wait: rounds without a draft before the drafter is tried again while backed off.
     """
@@ -158,7 +159,7 @@ class SourcePolicy:
     verify_cost: float
     lookup: bool = True
     back_off: bool = True
-    estimates: dict[str, SourceEstimate] = field(default_factory=lambda: {s: SourceEstimate() for s in SOURCES})
+    estimates: dict[str, SourceEstimate] = field(default_factory=lambda: {s: SourceEstimate() for s in ESTIMATED})
     failures: int = 0
     wait: int = MIN_BACK_OFF
 
