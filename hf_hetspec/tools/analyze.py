@@ -50,6 +50,7 @@ from ..proposer import MAX_LOOKAHEAD
 from . import zoo
 from .common import DTYPES, CLIError, check_model_argument, console, default_device, load_model, set_threads
 from .progress import status
+from .pairing import PairingError, drafters_by_task, print_drafters_by_task, read_card
 from .tasks import DEFAULT_SPEC_BENCH, read_spec_bench
 
 #: Token ids per span of the injectivity test.
@@ -562,6 +563,13 @@ def cmd_analyze(args) -> int:
     """``hf-hetspec analyze``: print (or ``--json``) a :class:`PairAnalysis`."""
     if args.texts < 1:
         raise CLIError(f"--texts {args.texts}: must be at least 1")
+    cards = []
+    if args.cards:  # read (and refused) before any model loads
+        try:
+            cards = [read_card(card)[1] for card in args.cards]
+            drafters_by_task(cards)
+        except PairingError as err:
+            raise CLIError(f"--cards: {err}") from err
     set_threads(args.threads)
     texts = sample_texts(args.texts)
     err = console(stderr=True)
@@ -584,9 +592,13 @@ def cmd_analyze(args) -> int:
     analysis.target_name, analysis.drafter_name = args.target, args.drafter
     analysis.texts = [name for name, _ in texts]
     if args.json:
-        print(json.dumps(analysis.as_dict(), indent=2))
+        measured = {"measured_by_task": drafters_by_task(cards)} if cards else {}
+        print(json.dumps({**analysis.as_dict(), **measured}, indent=2))
         return 0
     console().print(analysis.summary(), markup=False)
+    if cards:
+        console().print("\nMeasured (pairing cards): which drafter is faster on which task", markup=False)
+        print_drafters_by_task(cards, console())
     return 0
 
 
@@ -608,4 +620,7 @@ def add_command(sub) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--cards", nargs="+", default=None, metavar="CARD",
+                        help="pairing cards of this target with different drafters (e.g. model_cards/*): also "
+                        "print which drafter measured fastest on each task")
     parser.set_defaults(func=cmd_analyze)

@@ -33,7 +33,8 @@ card may set, and where its models may come from, is :mod:`hf_hetspec.tools.card
 The parts: :mod:`~hf_hetspec.tools.pairing_card` writes a card, :mod:`~hf_hetspec.tools.pairing_load` reads
 one, :mod:`~hf_hetspec.tools.pairing_push` publishes one, :mod:`~hf_hetspec.tools.pairing_vllm` gives its vLLM
 settings; this module re-exports them and holds the
-``hf-hetspec pairing {show,push}`` commands.
+``hf-hetspec pairing {show,compare,push}`` commands; :func:`drafters_by_task` says, from several cards of one
+target, which drafter measured fastest on each task (issue 26: which drafter for which task).
 """
 
 from __future__ import annotations
@@ -103,6 +104,89 @@ def cmd_show(args) -> int:
     return 0
 
 
+def drafters_by_task(cards: list[dict]) -> list[dict]:
+    """Which drafter measured fastest for each task and temperature, from pairing cards of one target.
+
+    Args:
+        cards: the ``hf_hetspec`` metadata of each card (:func:`read_card`); every card's ``target`` must be
+            the same model.
+
+    Returns:
+        One dict per ``(task, temperature)`` that any card measured, sorted by task then temperature:
+        ``{"task", "temperature", "speedups": {drafter: best hf_hetspec speedup over the target alone, or
+        None where that card did not measure the task}, "best": the drafter with the highest speedup,
+        "margin": best / second best (None with one measured drafter)}``. A card's speedup is the best of its
+        hf_hetspec rows for the task (one per algorithm measured); transformers' rows are not hf_hetspec's.
+        Speedups come from each card's own run, each a ratio to the target alone measured in that run, so
+        cards measured on different machines compare only as well as their machines do (``hardware``).
+
+    Raises:
+        PairingError: fewer than two cards, two cards of one drafter, or cards of different targets.
+    """
+    if len(cards) < 2:
+        raise PairingError("compare needs at least two pairing cards of the same target")
+    targets = {card["target"] for card in cards}
+    if len(targets) > 1:
+        raise PairingError(f"the cards are of different targets ({', '.join(sorted(targets))}); compare "
+                           "drafters of one target")
+    drafters = [card["drafter"] for card in cards]
+    if len(set(drafters)) < len(drafters):
+        raise PairingError(f"two cards of the same drafter ({', '.join(drafters)}): give one card per drafter")
+    best: dict[tuple[str, float], dict[str, float]] = {}
+    for card in cards:
+        for row in card.get("speedups") or []:
+            if row.get("method") != "hf_hetspec" or row.get("speedup") is None:
+                continue
+            key = (str(row["task"]), float(row.get("temperature") or 0.0))
+            per_drafter = best.setdefault(key, {})
+            per_drafter[card["drafter"]] = max(per_drafter.get(card["drafter"], 0.0), float(row["speedup"]))
+    rows = []
+    for (task, temperature), per_drafter in sorted(best.items()):
+        ranked = sorted(per_drafter.items(), key=lambda item: -item[1])
+        rows.append({"task": task, "temperature": temperature,
+                     "speedups": {d: per_drafter.get(d) for d in drafters}, "best": ranked[0][0],
+                     "margin": ranked[0][1] / ranked[1][1] if len(ranked) > 1 else None})
+    return rows
+
+
+def print_drafters_by_task(cards: list[dict], out) -> None:
+    """Print :func:`drafters_by_task` of ``cards`` (metadata dicts) on the rich console ``out``.
+
+    Raises:
+        PairingError: as :func:`drafters_by_task`.
+    """
+    from rich.table import Table
+
+    rows = drafters_by_task(cards)
+    drafters = [card["drafter"] for card in cards]
+    out.print(f"target {cards[0]['target']}: hf_hetspec's speedup over the target alone per drafter", markup=False)
+    for card in cards:
+        out.print(f"  {card['drafter']}: measured {card.get('date')} on {card.get('hardware')}", markup=False)
+    table = Table()
+    for name in ("task", "temperature", *drafters, "best", "margin"):
+        table.add_column(name)
+    for row in rows:
+        table.add_row(row["task"], _fmt(row["temperature"], "g"),
+                      *(_fmt(row["speedups"][d], ".2f", "x") for d in drafters), row["best"],
+                      _fmt(row["margin"], ".2f", "x"))
+    out.print(table)
+
+
+def cmd_compare(args) -> int:
+    """``hf-hetspec pairing compare``: :func:`drafters_by_task` as a table (``--json``: as JSON)."""
+    import json
+
+    try:
+        cards = [read_card(card)[1] for card in args.cards]
+        if args.json:
+            print(json.dumps(drafters_by_task(cards), indent=2))
+        else:
+            print_drafters_by_task(cards, console())
+    except PairingError as err:
+        raise CLIError(str(err)) from err
+    return 0
+
+
 def cmd_push(args) -> int:
     """``hf-hetspec pairing push``: :func:`push`."""
     try:
@@ -118,16 +202,22 @@ def cmd_push(args) -> int:
 
 
 def add_command(sub) -> None:
-    """Register ``hf-hetspec pairing {show,push}`` on the CLI's subparsers ``sub``."""
+    """Register ``hf-hetspec pairing {show,compare,push}`` on the CLI's subparsers ``sub``."""
     parser = sub.add_parser("pairing", help="show or publish a drafter pairing model card",
                             description="Drafter pairings are model cards (README.md with hf_hetspec metadata) "
                             "written by `hf-hetspec bench --write-card`.")
-    actions = parser.add_subparsers(dest="pairing_command", required=True, metavar="{show,push}")
+    actions = parser.add_subparsers(dest="pairing_command", required=True, metavar="{show,compare,push}")
     show = actions.add_parser("show", help="print a card's models, recommended settings, speedups and vLLM "
                               "settings")
     show.add_argument("card", metavar="PATH_OR_REPO", help="folder, README.md, or Hub repository id")
     show.add_argument("--json", action="store_true", help="print the card's hf_hetspec metadata as JSON")
     show.set_defaults(func=cmd_show)
+    compare = actions.add_parser("compare", help="which drafter measured fastest per task, from cards of one "
+                                 "target")
+    compare.add_argument("cards", metavar="PATH_OR_REPO", nargs="+",
+                         help="two or more cards (folders, README.md files or Hub repository ids)")
+    compare.add_argument("--json", action="store_true", help="print the rows as JSON")
+    compare.set_defaults(func=cmd_compare)
     pub = actions.add_parser("push", help="publish a card folder as a Hub model repository")
     pub.add_argument("folder", metavar="FOLDER")
     pub.add_argument("repo_id", metavar="REPO_ID", help="owner/name")

@@ -310,3 +310,31 @@ def test_conversion_agreement_reported_for_both_tokenizers(monkeypatch):
     monkeypatch.setattr("hf_hetspec.alignment.encode_after", lambda *args, **kwargs: None)
     broken = analyze_pair(family_tokenizer("llama2"), drafter_tok, texts=list(toy.TOY_CORPUS[:3]))
     assert broken.target_conversion < 0.1
+
+
+def _card(folder, drafter, speedups):
+    """A pairing card of the toy target with ``drafter`` and hf_hetspec ``speedups[task]`` (greedy)."""
+    from hf_hetspec.tools import pairing
+
+    results = [{"task": task, "temperature": 0.0, "method": method, "algorithm": "slem" if method != "target" else None,
+                "speedup": value if method == "hf_hetspec" else 1.0}
+               for task, value in speedups.items() for method in ("target", "hf_hetspec")]
+    pairing.write_card({"machine": {"cpu": "Test CPU"}, "results": results,
+                        "config": {"target": "toy-target", "drafter": drafter, "date": "2026-12-02"}}, folder)
+    return str(folder)
+
+
+def test_cli_cards_say_which_drafter_is_faster_per_task(model_folders, tmp_path, capsys):
+    target, drafter = str(model_folders / "target"), str(model_folders / "drafter")
+    cards = [_card(tmp_path / "a", "drafter-a", {"code": 2.5, "translation": 1.1}),
+             _card(tmp_path / "b", "drafter-b", {"code": 1.5, "translation": 1.4})]
+    assert cli.main(["analyze", target, drafter, "--json", "--texts", "1", "--cards", *cards]) == 0
+    measured = {r["task"]: r["best"] for r in json.loads(capsys.readouterr().out)["measured_by_task"]}
+    assert measured == {"code": "drafter-a", "translation": "drafter-b"}
+    assert cli.main(["analyze", target, drafter, "--no-mass", "--texts", "1", "--cards", *cards]) == 0
+    assert "which drafter is faster on which task" in capsys.readouterr().out
+    # refused before any model loads: one card, or a folder that holds none
+    assert cli.main(["analyze", "no-such-model", drafter, "--cards", cards[0]]) == 2
+    assert "--cards: compare needs at least two" in capsys.readouterr().err
+    assert cli.main(["analyze", "no-such-model", drafter, "--cards", cards[0], str(tmp_path)]) == 2
+    assert "--cards:" in capsys.readouterr().err

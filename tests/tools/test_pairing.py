@@ -433,3 +433,41 @@ def test_a_card_that_would_hang_its_reader_is_refused_within_a_second(tmp_path, 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_drafters_by_task_names_the_faster_drafter_per_task(tmp_path, capsys):
+    smollm2 = bench_result(speedups={("code", 0.0, "slem"): 2.0, ("code", 0.0, "tli"): 2.4,
+                                     ("translation", 0.0, "slem"): 1.1})
+    gemma = bench_result(drafter="gemma-3-270m", speedups={("code", 0.0, "slem"): 1.6,
+                                                           ("translation", 0.0, "slem"): 1.5,
+                                                           ("qa", 1.0, "slem"): 1.2})
+    for name, result in (("smollm2", smollm2), ("gemma", gemma)):
+        pairing.write_card(result, tmp_path / name)
+    cards = [pairing.read_card(tmp_path / name)[1] for name in ("smollm2", "gemma")]
+    rows = {(r["task"], r["temperature"]): r for r in pairing.drafters_by_task(cards)}
+    smollm2_id, gemma_id = pairing.hub_id("smollm2-135m-instruct"), pairing.hub_id("gemma-3-270m")
+    # the best of a card's algorithms (TLI's 2.4x, not SLEM's 2.0x), never transformers' 1.3x rows
+    assert rows[("code", 0.0)]["speedups"] == {smollm2_id: 2.4, gemma_id: 1.6}
+    assert rows[("code", 0.0)]["best"] == smollm2_id and rows[("code", 0.0)]["margin"] == pytest.approx(1.5)
+    assert rows[("translation", 0.0)]["best"] == gemma_id
+    assert rows[("qa", 1.0)] == {"task": "qa", "temperature": 1.0, "speedups": {smollm2_id: None, gemma_id: 1.2},
+                                 "best": gemma_id, "margin": None}
+    assert cli.main(["pairing", "compare", str(tmp_path / "smollm2"), str(tmp_path / "gemma")]) == 0
+    out = capsys.readouterr().out
+    assert "translation" in out and "2.40x" in out and "1.50x" in out
+    assert cli.main(["pairing", "compare", str(tmp_path / "smollm2"), str(tmp_path / "gemma"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["task"] == "code"
+
+
+def test_drafters_by_task_refuses_what_it_cannot_compare(tmp_path, capsys):
+    other_target = pairing.read_card(pairing.write_card(bench_result(target="qwen2.5-coder-0.5b-instruct"),
+                                                        tmp_path / "other"))[1]
+    card = pairing.read_card(pairing.write_card(bench_result(), tmp_path / "card"))[1]
+    with pytest.raises(PairingError, match="at least two"):
+        pairing.drafters_by_task([card])
+    with pytest.raises(PairingError, match="different targets"):
+        pairing.drafters_by_task([card, other_target])
+    with pytest.raises(PairingError, match="same drafter"):
+        pairing.drafters_by_task([card, card])
+    assert cli.main(["pairing", "compare", str(tmp_path / "card"), str(tmp_path / "other")]) == 2
+    assert "different targets" in capsys.readouterr().err
