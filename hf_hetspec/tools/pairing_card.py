@@ -189,6 +189,31 @@ def _check_result(result: dict) -> None:
             raise PairingError(f"result['config'] has no {key!r}: the card needs both model names")
 
 
+def _resolve_auto(result: dict) -> dict:
+    """``result`` with each hf_hetspec row of algorithm ``auto`` given the algorithm its calls ran.
+
+    Raises:
+        PairingError: an ``auto`` row whose calls ran several algorithms, or whose records are absent.
+    """
+    ran: dict[tuple, set] = {}
+    for record in result.get("records") or []:
+        if record.get("method") == "hf_hetspec" and record.get("algorithm") == "auto":
+            key = (record.get("task"), float(record.get("temperature", 0)))
+            ran.setdefault(key, set()).add((record.get("stats") or {}).get("algorithm"))
+    rows = []
+    for row in result["results"]:
+        if row.get("method") == "hf_hetspec" and row.get("algorithm") == "auto":
+            algorithms = ran.get((row.get("task"), float(row.get("temperature", 0))), set())
+            if len(algorithms) != 1 or None in algorithms:
+                raise PairingError(
+                    f"results: hetspec_algorithm='auto' on {row.get('task')} at temperature {row.get('temperature')} "
+                    f"ran {sorted(map(str, algorithms)) or 'no recorded call'}; a card needs the one algorithm that "
+                    "ran (bench.json's records), or a run with --algorithms slem|tli|slrs")
+            row = {**row, "algorithm": algorithms.pop()}
+        rows.append(row)
+    return {**result, "results": rows}
+
+
 def _method_label(row: dict) -> str:
     return method_label(row.get("method"), (row.get("algorithm") or "").upper())
 
@@ -271,11 +296,15 @@ def write_card(result: dict, out_dir: Path, plots: dict[str, Path] | None = None
     Returns:
         The path of the written ``README.md``.
 
+    Rows measured with ``hetspec_algorithm="auto"`` are recorded as the algorithm auto ran (each call's
+    ``stats.algorithm`` in ``result["records"]``): a card recommends an algorithm, not a rule.
+
     Raises:
         PairingError: a result without ``config.target``/``config.drafter`` or without hf_hetspec speedups,
-            or a missing plot file.
+            a missing plot file, or ``auto`` rows whose records do not say which one algorithm ran.
     """
     _check_result(result)
+    result = _resolve_auto(result)
     plots = dict(plots or {})
     for caption, path in plots.items():
         if not Path(path).is_file():

@@ -471,3 +471,22 @@ def test_drafters_by_task_refuses_what_it_cannot_compare(tmp_path, capsys):
         pairing.drafters_by_task([card, card])
     assert cli.main(["pairing", "compare", str(tmp_path / "card"), str(tmp_path / "other")]) == 2
     assert "different targets" in capsys.readouterr().err
+
+
+def test_a_card_of_an_auto_run_records_the_algorithm_auto_ran(tmp_path):
+    """`bench --suite` measures hetspec_algorithm="auto": its card names what auto ran (each call's
+    stats.algorithm), which the card reader accepts, and refuses rows whose calls do not say."""
+    result = bench_result(speedups={("code", 0.0, "auto"): 2.0, ("text", 0.0, "auto"): 1.5})
+    result["records"] = [{"task": task, "temperature": 0.0, "method": "hf_hetspec", "algorithm": "auto",
+                          "stats": {"algorithm": "slem"}} for task in ("code", "text")]
+    _, metadata = pairing.read_card(pairing.write_card(result, tmp_path / "card"))
+    assert metadata["recommended"][0]["algorithm"] == "slem"
+    assert metadata["settings"] == {"hetspec_algorithm": "slem", "do_sample": False}
+    assert {row["algorithm"] for row in metadata["speedups"] if row["method"] == "hf_hetspec"} == {"slem"}
+    result["records"][1]["stats"]["algorithm"] = "tli"
+    result["records"].append({**result["records"][1], "stats": {"algorithm": "slem"}})
+    with pytest.raises(PairingError, match=r"'auto' on text at temperature 0.0 ran \['slem', 'tli'\]"):
+        pairing.write_card(result, tmp_path / "mixed")
+    result["records"] = []
+    with pytest.raises(PairingError, match="no recorded call"):
+        pairing.write_card(result, tmp_path / "none")
