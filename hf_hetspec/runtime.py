@@ -67,7 +67,6 @@ from . import static_drafter
 from .compat import quiet_quantization_warnings
 from .drafter import max_positions, model_device
 from .model_checks import adapter_state, is_peft_model, peft_base_model
-from .schedule import cpu_computes_natively
 from .status import status
 
 RUNTIMES = ("auto", "eager", "float32", "int8", "int8-static", "compiled")
@@ -250,27 +249,13 @@ def _make_copy(drafter: PreTrainedModel, runtime: str, version: tuple) -> _Copy:
     if runtime == "int8-static":
         static, static_problem = static_drafter.build(model, max_positions(model))
     if static is not None:
-        static.keep_float_prefill(prefill_dtype())
+        static.keep_float_prefill()
         model, names = static, static.step_linear_names()
     else:  # transformers' forward: the same float-prefill rule, layer by layer
-        names = static_drafter.split_feed_sizes(model, prefill_dtype())
+        names = static_drafter.split_feed_sizes(model)
     problem = _quantize_int8(model, names)
     return _Copy(version, None if problem else model, "int8" if static_problem else runtime, problem, static_problem,
                  model_bytes(model))
-
-
-#: The dtype of the int8 runtimes' float projections for long feeds (prompts; :data:`~hf_hetspec.static_drafter.
-#: FLOAT_FEED_MIN` tokens or more) where the CPU computes it natively (:func:`prefill_dtype`). Half precision
-#: keeps what the float prefill is for -- every token's own activation range, which int8's one scale per feed
-#: loses -- and on such a CPU runs a prompt about twice as fast as float32, off the first round's critical path
-#: (measured in docs/results.md, 2026-12-02).
-NATIVE_PREFILL_DTYPE = torch.bfloat16
-
-
-def prefill_dtype() -> torch.dtype | None:
-    """:data:`NATIVE_PREFILL_DTYPE` where this CPU has instructions for it
-    (:func:`hf_hetspec.schedule.cpu_computes_natively`), else ``None`` (the copy's float32)."""
-    return NATIVE_PREFILL_DTYPE if cpu_computes_natively(NATIVE_PREFILL_DTYPE) else None
 
 
 def _compiled_copy(drafter: PreTrainedModel, version: tuple) -> _Copy:

@@ -102,21 +102,6 @@ VERIFY_COSTS: dict[str, float] = {"native": 0.03, "cpu-emulated-half": 1.0, "cpu
 VERIFY_COST = VERIFY_COSTS["native"]
 
 
-def cpu_computes_natively(dtype) -> bool:
-    """Whether this CPU has instructions for ``dtype`` (bf16: AVX-512 BF16 or AMX; fp16: AVX-512 FP16 or AMX),
-    by oneDNN's own check; ``False`` for other dtypes and for a torch build without oneDNN."""
-    import torch
-
-    if dtype not in (torch.bfloat16, torch.float16):
-        return False
-    check = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
-             else torch.ops.mkldnn._is_mkldnn_fp16_supported)
-    try:
-        return bool(check())
-    except (AttributeError, RuntimeError):  # a torch build without oneDNN
-        return False
-
-
 def verify_cost(device, dtype) -> float:
     """``v`` for a target whose weights are ``dtype`` on ``device`` (:data:`VERIFY_COSTS`): on a CPU, float32, or
     bf16/fp16 with or without the CPU's own half-precision instructions (oneDNN's check); elsewhere ``native``.
@@ -126,7 +111,13 @@ def verify_cost(device, dtype) -> float:
     if getattr(device, "type", str(device)) != "cpu":
         return VERIFY_COSTS["native"]
     if dtype in (torch.bfloat16, torch.float16):
-        return VERIFY_COSTS["native" if cpu_computes_natively(dtype) else "cpu-emulated-half"]
+        check = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
+                 else torch.ops.mkldnn._is_mkldnn_fp16_supported)
+        try:
+            native = bool(check())
+        except (AttributeError, RuntimeError):  # a torch build without oneDNN
+            native = False
+        return VERIFY_COSTS["native" if native else "cpu-emulated-half"]
     return VERIFY_COSTS["cpu-float32"]
 #: ``c`` per drafter runtime: drafter step seconds / target step seconds, SmolLM2-135M drafter, bf16
 #: Qwen2.5-Coder-1.5B target, one CPU thread (``hf-hetspec bench`` measures it as ``cost_ratio``: 0.165 eager,

@@ -340,11 +340,9 @@ class StaticCacheDrafter(torch.nn.Module):
         cache = self.model.new_cache()
         return sum(t.numel() * t.element_size() for t in cache.keys + cache.values)
 
-    def keep_float_prefill(self, dtype: torch.dtype | None = None) -> None:
+    def keep_float_prefill(self) -> None:
         """Keep float copies of the projections for feeds of :data:`FLOAT_FEED_MIN` tokens or more, before the
-        step's own projections are quantized (:meth:`step_linear_names`). ``dtype``: the copies' dtype
-        (``None``: the step's, float32); a half-precision copy computes in that dtype and returns the step's
-        (:class:`HalfLinear`), which a CPU with bf16 instructions runs about twice as fast as float32.
+        step's own projections are quantized (:meth:`step_linear_names`).
 
         Why: int8 dynamic quantization scales a feed's activations by one number for all its tokens, and small
         LMs put activations thousands of times larger than the rest on a few tokens (SmolLM2-135M: 2946
@@ -356,8 +354,7 @@ class StaticCacheDrafter(torch.nn.Module):
         steps quantize one token's activations and keep the int8 speed.
         """
         for layer in self.model.layers:
-            layer.prefill = torch.nn.ModuleDict({name: _copy_linear(linear, dtype) for name, linear in
-                                                 layer.step.items()})
+            layer.prefill = torch.nn.ModuleDict({name: _copy_linear(linear) for name, linear in layer.step.items()})
 
     def step_linear_names(self) -> list[str]:
         """Qualified names of the linear layers one-token steps run (the fused projections and the LM head):
@@ -413,9 +410,9 @@ class FeedSizeLinear(torch.nn.Module):
     runtime). It has no ``weight``: a model that reads a linear layer's weight directly does not run with int8
     layers either way (:func:`hf_hetspec.runtime.prepare_drafter` falls back)."""
 
-    def __init__(self, linear: torch.nn.Linear, prefill_dtype: torch.dtype | None = None):
+    def __init__(self, linear: torch.nn.Linear):
         super().__init__()
-        self.prefill = _copy_linear(linear, prefill_dtype)
+        self.prefill = _copy_linear(linear)
         self.step = linear
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -424,10 +421,10 @@ class FeedSizeLinear(torch.nn.Module):
         return (self.prefill if rows >= FLOAT_FEED_MIN else self.step)(x)
 
 
-def split_feed_sizes(model: PreTrainedModel, prefill_dtype: torch.dtype | None = None) -> list[str]:
-    """Wrap every ``nn.Linear`` of ``model`` except its LM head in :class:`FeedSizeLinear` (float copies in
-    ``prefill_dtype``, ``None``: the layer's own), in place; returns the qualified names of the layers to
-    quantize: each wrapper's ``step`` and the LM head (which sees one position per drafting step)."""
+def split_feed_sizes(model: PreTrainedModel) -> list[str]:
+    """Wrap every ``nn.Linear`` of ``model`` except its LM head in :class:`FeedSizeLinear`, in place; returns the
+    qualified names of the layers to quantize: each wrapper's ``step`` and the LM head (which sees one position
+    per drafting step)."""
     head = model.get_output_embeddings()
     names = []
     for name, module in list(model.named_modules()):
@@ -436,28 +433,13 @@ def split_feed_sizes(model: PreTrainedModel, prefill_dtype: torch.dtype | None =
             if child is head:
                 names.append(qualified)
             elif type(child) is torch.nn.Linear:
-                setattr(module, child_name, FeedSizeLinear(child, prefill_dtype))
+                setattr(module, child_name, FeedSizeLinear(child))
                 names.append(f"{qualified}.step")
     return names
 
 
-class HalfLinear(torch.nn.Module):
-    """A linear layer held in a half-precision ``dtype`` that takes and returns the caller's dtype (float32 in
-    the static step): the input is rounded to ``dtype`` and the output computed in it (oneDNN's bf16 kernels
-    accumulate in float32), then cast back."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
-        super().__init__()
-        self.linear = linear.to(dtype)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x.to(self.linear.weight.dtype)).to(x.dtype)
-
-
-def _copy_linear(linear: torch.nn.Linear, dtype: torch.dtype | None = None) -> torch.nn.Module:
-    copy = _fused([linear])
-    return copy if dtype is None or dtype == copy.weight.dtype else HalfLinear(copy, dtype)
+def _copy_linear(linear: torch.nn.Linear) -> torch.nn.Linear:
+    return _fused([linear])
 
 
 def _fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
