@@ -16,9 +16,10 @@ Fixtures (all expensive ones are session-scoped and built lazily, on first use):
       def test_something(real_pair, names):
           pair = real_pair(*names)
 
-Torch runs with few threads (``HF_HETSPEC_TEST_THREADS``, default 1 on machines with <= 2 cores, else 4):
-the toy models are tiny, so more threads only add overhead, and on a shared 2-core runner oversubscribed
-threads make training 5-10x slower. Seeds are fixed per test.
+The suite runs in one pytest-xdist worker per core (``-n auto`` in setup.cfg; ``-n 0`` runs it
+in one process). Torch runs with few threads (``HF_HETSPEC_TEST_THREADS``; by default the cores per worker, at
+most 4, so 1 on a 2-core runner): the toy models are tiny, so more threads only add overhead, and on a shared
+2-core runner oversubscribed threads make training 5-10x slower. Seeds are fixed per test.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def _default_threads() -> int:
     if env:
         return max(1, int(env))
     cores = os.cpu_count() or 1
-    return 1 if cores <= 2 else min(4, cores)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in each pytest-xdist worker
+    per_worker = cores // max(1, workers)
+    return 1 if per_worker <= 2 else min(4, per_worker)
 
 
 torch.set_num_threads(_default_threads())
