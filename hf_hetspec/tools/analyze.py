@@ -563,11 +563,11 @@ def cmd_analyze(args) -> int:
     """``hf-hetspec analyze``: print (or ``--json``) a :class:`PairAnalysis`."""
     if args.texts < 1:
         raise CLIError(f"--texts {args.texts}: must be at least 1")
-    cards = []
+    cards, measured = [], []
     if args.cards:  # read (and refused) before any model loads
         try:
             cards = [read_card(card)[1] for card in args.cards]
-            drafters_by_task(cards)
+            measured = drafters_by_task(cards)
         except PairingError as err:
             raise CLIError(f"--cards: {err}") from err
     set_threads(args.threads)
@@ -592,13 +592,13 @@ def cmd_analyze(args) -> int:
     analysis.target_name, analysis.drafter_name = args.target, args.drafter
     analysis.texts = [name for name, _ in texts]
     if args.json:
-        measured = {"measured_by_task": drafters_by_task(cards)} if cards else {}
-        print(json.dumps({**analysis.as_dict(), **measured}, indent=2))
+        by_task = {"measured_by_task": measured} if cards else {}
+        print(json.dumps({**analysis.as_dict(), **by_task}, indent=2))
         return 0
     console().print(analysis.summary(), markup=False)
     if cards:
         console().print("\nMeasured (pairing cards): which drafter is faster on which task", markup=False)
-        print_drafters_by_task(cards, console())
+        print_drafters_by_task(cards, measured, console())
     return 0
 
 

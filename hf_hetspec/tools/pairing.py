@@ -149,15 +149,10 @@ def drafters_by_task(cards: list[dict]) -> list[dict]:
     return rows
 
 
-def print_drafters_by_task(cards: list[dict], out) -> None:
-    """Print :func:`drafters_by_task` of ``cards`` (metadata dicts) on the rich console ``out``.
-
-    Raises:
-        PairingError: as :func:`drafters_by_task`.
-    """
+def print_drafters_by_task(cards: list[dict], rows: list[dict], out) -> None:
+    """Print ``rows``, :func:`drafters_by_task` of ``cards`` (metadata dicts), on the rich console ``out``."""
     from rich.table import Table
 
-    rows = drafters_by_task(cards)
     drafters = [card["drafter"] for card in cards]
     out.print(f"target {cards[0]['target']}: hf_hetspec's speedup over the target alone per drafter", markup=False)
     for card in cards:
@@ -178,12 +173,13 @@ def cmd_compare(args) -> int:
 
     try:
         cards = [read_card(card)[1] for card in args.cards]
-        if args.json:
-            print(json.dumps(drafters_by_task(cards), indent=2))
-        else:
-            print_drafters_by_task(cards, console())
+        rows = drafters_by_task(cards)
     except PairingError as err:
         raise CLIError(str(err)) from err
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_drafters_by_task(cards, rows, console())
     return 0
 
 

@@ -195,15 +195,20 @@ def _resolve_auto(result: dict) -> dict:
     Raises:
         PairingError: an ``auto`` row whose calls ran several algorithms, or whose records are absent.
     """
+    def auto(entry: dict) -> tuple | None:
+        """``(task, temperature)`` of an hf_hetspec row or record of ``auto``, else ``None``."""
+        if entry.get("method") == "hf_hetspec" and entry.get("algorithm") == "auto":
+            return entry.get("task"), float(entry.get("temperature", 0))
+        return None
+
     ran: dict[tuple, set] = {}
     for record in result.get("records") or []:
-        if record.get("method") == "hf_hetspec" and record.get("algorithm") == "auto":
-            key = (record.get("task"), float(record.get("temperature", 0)))
+        if key := auto(record):
             ran.setdefault(key, set()).add((record.get("stats") or {}).get("algorithm"))
     rows = []
     for row in result["results"]:
-        if row.get("method") == "hf_hetspec" and row.get("algorithm") == "auto":
-            algorithms = ran.get((row.get("task"), float(row.get("temperature", 0))), set())
+        if key := auto(row):
+            algorithms = ran.get(key, set())
             if len(algorithms) != 1 or None in algorithms:
                 raise PairingError(
                     f"results: hetspec_algorithm='auto' on {row.get('task')} at temperature {row.get('temperature')} "
