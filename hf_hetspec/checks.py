@@ -634,7 +634,7 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
     Raises:
         TypeError: not a :class:`Schedule`.
         ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, ``context_lookup`` or
-            ``back_off`` not a bool, a ``cost_ratio`` outside ``[0, 1)``, or transformers' schedule settings
+            ``back_off`` not a bool, a ``cost_ratio`` or ``sibling_min_joint`` outside ``[0, 1)``, or transformers' schedule settings
             given too (one of the two would be silently dropped).
     """
     if not isinstance(schedule, Schedule):
@@ -651,6 +651,10 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
     if not isinstance(stop, DraftStop) or not all(
             isinstance(v, (int, float)) and 0.0 <= v < 1.0 for v in (stop.min_confidence, stop.min_joint)):
         raise ValueError(f"hetspec_schedule.stop={stop!r}: a DraftStop with cut-offs in [0, 1).")
+    siblings = schedule.sibling_min_joint
+    if isinstance(siblings, bool) or not isinstance(siblings, (int, float)) or not 0.0 <= siblings < 1.0:
+        raise ValueError(f"hetspec_schedule.sibling_min_joint={siblings!r}: must be in [0, 1) (0: no sibling "
+                         "branches).")
     for name in ("context_lookup", "back_off"):
         if not isinstance(getattr(schedule, name), bool):
             raise ValueError(f"hetspec_schedule.{name}={getattr(schedule, name)!r}: must be True or False.")

@@ -23,6 +23,7 @@ from .compat import cache_kwargs, output_cache_kwargs
 from .drafter import model_device, rollback_cache
 from .proposer import Proposer
 from .stats import DecodingStats
+from .tree import DraftTree, keep_path, supports_tree, tree_attention_mask, tree_position_ids, walk_tree
 from .verify import verify_block, verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
 
 
@@ -82,6 +83,61 @@ def _forward_kwargs(target, cache, prompt_positions: torch.LongTensor | None, st
     if prompt_positions is not None:
         extra["position_ids"] = _positions(prompt_positions, start, end)
     return extra
+
+
+def _verify_tree(target, cache, ids: torch.LongTensor, tree: DraftTree, logits_processor,
+                 prompt_positions: torch.LongTensor | None, do_sample: bool, generator: torch.Generator | None):
+    """Verify a draft tree in one target forward (:mod:`hf_hetspec.tree`): greedily, or by exact-match sampling
+    (Timor et al. 2025, Algorithm 2, over several branches: at each node the target samples its token, and the
+    walk goes on while the sample is one of the node's children).
+
+    Args:
+        target: the target model (:func:`~hf_hetspec.tree.supports_tree` holds for it and ``cache``).
+        cache: its ``DynamicCache``, holding a prefix of ``ids``; on return it holds ``ids`` and then the
+            accepted nodes, in order, followed by the other nodes (the caller crops them).
+        ids (``torch.LongTensor`` of shape ``(1, n)``): the accepted ids.
+        tree: the draft tree (``N`` nodes).
+        logits_processor: the target's processors, applied along the walk with each position's own context.
+        prompt_positions (``torch.LongTensor`` of shape ``(n_prompt,)``, optional): the prompt's position ids
+            when the user gave them (:func:`_positions`).
+        do_sample: sample each emitted token from the processed distribution (else its argmax).
+        generator: randomness for sampling, on the target's logits device (``None`` = global RNG).
+
+    Returns:
+        ``(tokens, path, processed, logits)``: the emitted target ids (``(a + 1,)``), the accepted nodes, and the
+        processed and raw logits of the emitted tokens (``(a + 1, V_target)`` each, float32).
+    """
+    device = ids.device
+    n = ids.shape[1]
+    cached = cache.get_seq_length()
+    tail = n - cached
+    nodes = torch.tensor([tree.tokens], dtype=ids.dtype, device=device)
+    feed = torch.cat([ids[:, cached:], nodes], dim=1)  # [1, tail + N]
+    mask = tree_attention_mask(tree, cached, tail, target.dtype, device)
+    if prompt_positions is None:
+        tail_positions = torch.arange(cached, n, device=device)
+    else:
+        tail_positions = _positions(prompt_positions, cached, n)[0]
+    positions = tree_position_ids(tree, tail_positions)
+    out = target(input_ids=feed, attention_mask=mask, position_ids=positions, use_cache=True,
+                 logits_to_keep=len(tree) + 1, **cache_kwargs(target, cache))
+    raw = out.logits[0]  # [N + 1, V_target]: after the last accepted id, then after each node
+    rows_raw, rows = [], []
+
+    def choose(node: int, path_tokens: list[int]) -> int:
+        row = raw[node + 1 : node + 2].to(device=device, dtype=torch.float32)
+        context = torch.cat([ids, torch.tensor([path_tokens], dtype=ids.dtype, device=device)], dim=1)
+        processed = _process(logits_processor, context, context.shape[1], row)
+        rows_raw.append(row)
+        rows.append(processed)
+        if do_sample:  # a sample from p given the path: exact whatever the tree holds
+            return int(torch.multinomial(processed.softmax(dim=-1), 1, generator=generator))
+        return int(processed.argmax(dim=-1))
+
+    path, tokens = walk_tree(tree, choose)
+    keep_path(cache, n, path)
+    emitted = torch.tensor(tokens, dtype=ids.dtype, device=device)
+    return emitted, path, torch.cat(rows), torch.cat(rows_raw)
 
 
 def speculative_generate(
@@ -157,30 +213,42 @@ def speculative_generate(
         n = ids.shape[1]
         draft_tokens = proposer.propose(ids)
         k = len(draft_tokens.target_ids)
+        tree = None
+        if draft_tokens.branches and draft_tokens.q is None and supports_tree(target, cache):
+            tree = DraftTree.from_branches(draft_tokens.target_ids, draft_tokens.branches)
+            tree = None if tree.is_chain() else tree
         with stats.timer("target_s"):
-            drafted = torch.tensor([draft_tokens.target_ids], dtype=ids.dtype, device=device)  # [1, k]
-            candidate_ids = torch.cat([ids, drafted], dim=1)
-            cached = cache.get_seq_length()
-            feed = candidate_ids[:, cached:]
-            extra = _forward_kwargs(target, cache, prompt_positions, cached, candidate_ids.shape[1])
-            out = target(input_ids=feed, use_cache=True, logits_to_keep=k + 1, **extra)
-            logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
-            processed = _process(logits_processor, candidate_ids, n, logits)
-            draft = candidate_ids[0, n:]
-            if not do_sample:
-                tokens, accepted = verify_greedy(draft, processed)
+            if tree is not None:
+                tokens, path, processed, logits = _verify_tree(target, cache, ids, tree, logits_processor,
+                                                               prompt_positions, do_sample, generator)
+                accepted = len(path)
+                stats.tree_rounds += 1
+                stats.tree_nodes += len(tree) - k
+                stats.sibling_rounds += int(path != list(range(accepted)))
             else:
-                target_probs = processed.softmax(dim=-1)  # [k+1, V_target]
-                if draft_tokens.q is None:
-                    tokens, accepted = verify_exact_match_sampling(draft, target_probs, generator)
+                drafted = torch.tensor([draft_tokens.target_ids], dtype=ids.dtype, device=device)  # [1, k]
+                candidate_ids = torch.cat([ids, drafted], dim=1)
+                cached = cache.get_seq_length()
+                feed = candidate_ids[:, cached:]
+                extra = _forward_kwargs(target, cache, prompt_positions, cached, candidate_ids.shape[1])
+                out = target(input_ids=feed, use_cache=True, logits_to_keep=k + 1, **extra)
+                logits = out.logits[0, -(k + 1) :].to(device=device, dtype=torch.float32)  # [k+1, V_target]
+                processed = _process(logits_processor, candidate_ids, n, logits)
+                draft = candidate_ids[0, n:]
+                if not do_sample:
+                    tokens, accepted = verify_greedy(draft, processed)
                 else:
-                    draft_probs = draft_tokens.q.to(target_probs)  # [k, V_target]
-                    verify = verify_block if verification == "block" else verify_speculative_sampling
-                    tokens, accepted = verify(draft, draft_probs, target_probs, generator)
+                    target_probs = processed.softmax(dim=-1)  # [k+1, V_target]
+                    if draft_tokens.q is None:
+                        tokens, accepted = verify_exact_match_sampling(draft, target_probs, generator)
+                    else:
+                        draft_probs = draft_tokens.q.to(target_probs)  # [k, V_target]
+                        verify = verify_block if verification == "block" else verify_speculative_sampling
+                        tokens, accepted = verify(draft, draft_probs, target_probs, generator)
         stats.target_forwards += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += accepted
-        stats.rejections += int(accepted < k)
+        stats.rejections += int(tree is None and accepted < k or tree is not None and path != list(range(k)))
 
         # Append one token at a time so that EOS, stop strings and custom criteria inside the block stop
         # generation exactly where plain decoding would have stopped.

@@ -249,7 +249,8 @@ class _HetSpecDecoding:
             self.stats.total_s = time.perf_counter() - began
             return out
         # the proposer times its own conversion of the prompt (translation_s): not timed again here
-        proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats, self.generator)
+        proposer = build_proposer(self.plan, self.drafter, input_ids, generation_config, self.stats, self.generator,
+                                  tree=True)
         if self.streamer is not None:
             self.streamer.put(input_ids.cpu())
         out = speculative_generate(

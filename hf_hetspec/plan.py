@@ -353,7 +353,7 @@ def _rows(model) -> int:
 
 
 def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, generation_config: GenerationConfig,
-                   stats: DecodingStats, generator: torch.Generator | None) -> Proposer:
+                   stats: DecodingStats, generator: torch.Generator | None, *, tree: bool = False) -> Proposer:
     """The planned algorithm's proposer for one call, with the schedule's draft sources
     (:mod:`hf_hetspec.sources`: context lookup, back-off).
 
@@ -364,6 +364,8 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
         generation_config: the config transformers decodes with (its ``max_length`` is final).
         stats: the call's statistics.
         generator: the call's ``hetspec_generator`` (the drafter's own generator is seeded from it).
+        tree: the loop verifies draft trees (:mod:`hf_hetspec.tree`, one row): SLEM then drafts sibling
+            branches by the schedule's ``sibling_min_joint``.
     """
     common = dict(
         schedule=plan.schedule,
@@ -373,7 +375,9 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
     )
     args = (plan.target_vocab, drafter, plan.drafter_vocab, input_ids)
     if plan.algorithm == "slem":
-        return _with_sources(plan, SLEMProposer(*args, **common), input_ids, generation_config, stats)
+        siblings = plan.schedule.sibling_min_joint if tree else 0.0
+        proposer = SLEMProposer(*args, sibling_min_joint=siblings, **common)
+        return _with_sources(plan, proposer, input_ids, generation_config, stats)
     common.update(
         policy=plan.draft_policy,
         generator=_drafter_generator(generator, model_device(drafter)),

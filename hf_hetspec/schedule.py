@@ -76,6 +76,11 @@ class Schedule:
             runtime's :data:`COST_RATIOS` entry.
         verify_cost: ``v`` the source policy counts per verified draft token (target forwards); ``None``:
             :func:`verify_cost` of the target.
+        sibling_min_joint: SLEM in a greedy call also drafts, at each draft position, the drafter's runner-up
+            after the chain's tokens before it, when the drafter's estimate that this branch is what the target
+            writes reaches this value; the target verifies the chain and its siblings as one tree
+            (:mod:`hf_hetspec.tree`). A sibling costs no drafter step, only its tokens in the verification
+            (``v`` each), so it pays while its chance exceeds about ``v``. 0 disables.
     """
 
     lookahead: int
@@ -86,6 +91,7 @@ class Schedule:
     back_off: bool = False
     cost_ratio: float | None = None
     verify_cost: float | None = None
+    sibling_min_joint: float = 0.0
 
 
 #: ``v``: target forwards added to a verification by one more drafted token (a forward over ``k + 1`` tokens
@@ -181,7 +187,9 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     schedules also draft from the context and back off (:mod:`hf_hetspec.sources`), which a schedule made
     from explicit settings does not (the user asked for drafts of a given length). Where verification is dear
     (``verify_cost``, :func:`verify_cost`, more than twice the tuning machine's cost per draft token), SLEM's
-    joint cut-off rises to ``c + v`` and TLI/SLRS start from one token with a floor of one. The confidence
+    joint cut-off rises to ``c + v`` and TLI/SLRS start from one token with a floor of one. SLEM's default
+    also drafts sibling branches whose drafter-estimated chance is at least ``v`` (``Schedule.sibling_min_joint``,
+    :mod:`hf_hetspec.tree`), none where verification is dear. The confidence
     stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs 1.26x; Gemma-3 greedy TLI 0.87x): a
     drafter token the target would tokenize differently is rejected however sure the drafter is.
 
@@ -208,8 +216,10 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
         min_joint = default.min_joint if threshold is None else 0.0
         if dear and threshold is None:
             min_joint = max(min_joint, min(0.95, verify_cost + COST_RATIOS[drafter_runtime]))
+        # a sibling branch costs only its tokens in the verification: worth it while its chance exceeds v
+        siblings = 0.0 if dear else verify_cost
         return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint), context_lookup=True,
-                        back_off=True)
+                        back_off=True, sibling_min_joint=siblings)
     if dear:
         return Schedule(1, True, DraftStop(min_confidence), 1, context_lookup=True, back_off=True)
     return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime],

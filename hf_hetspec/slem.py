@@ -22,33 +22,86 @@ def greedy_select(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(dim=-1, keepdim=True), None
 
 
+class RunnerUps:
+    """A drafter selector (:meth:`~hf_hetspec.drafter.DrafterContext.draft`) that drafts the argmax, as
+    :func:`greedy_select`, and keeps, per drafted position, the chosen token's probability and the runner-up
+    token with its probability, for sibling branches (:mod:`hf_hetspec.tree`)."""
+
+    def __init__(self):
+        self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+        probs, ids = logits.float().softmax(dim=-1).topk(2, dim=-1)  # [1, 2] each
+        self._top.append((probs, ids))
+        return ids[:, :1], None
+
+    def values(self) -> tuple[list[float], list[int], list[float]]:
+        """Per drafted position: the chosen token's probability, the runner-up id, its probability (one host
+        sync for the whole draft)."""
+        if not self._top:
+            return [], [], []
+        probs = torch.cat([p for p, _ in self._top]).tolist()
+        ids = torch.cat([i for _, i in self._top]).tolist()
+        return [p[0] for p in probs], [i[1] for i in ids], [p[1] for p in probs]
+
+
 class SLEMProposer(HeterogeneousProposer):
     """Drafts target-token candidates for SLEM (Timor et al. 2025, Algorithm 2); exact-match verification.
 
-    Arguments as :class:`~hf_hetspec.proposer.HeterogeneousProposer`.
+    Args:
+        sibling_min_joint: when positive, drafts also carry sibling branches (the drafter's runner-up at a
+            draft position, :meth:`_siblings`) whose drafter-estimated chance reaches it; the loop verifies
+            them as a tree when it can (:mod:`hf_hetspec.tree`). ``Schedule.sibling_min_joint``.
+        other arguments: as :class:`~hf_hetspec.proposer.HeterogeneousProposer`.
     """
 
-    def __init__(self, target_vocab, drafter, drafter_vocab, input_ids, *, window: int = 4, **kwargs):
+    def __init__(self, target_vocab, drafter, drafter_vocab, input_ids, *, window: int = 4,
+                 sibling_min_joint: float = 0.0, **kwargs):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, window=window, **kwargs)
+        self.sibling_min_joint = sibling_min_joint
         self.converter = TextWindowConverter(target_vocab, window)
         # a special drafter token ends the draft; its target counterpart (by role or content) is proposed
         self.special_to_target = dict(special_token_pairs(target_vocab, drafter_vocab))
 
     def _propose(self, budget: int) -> Draft:
+        runner_ups = RunnerUps() if self.sibling_min_joint > 0 else None
+        select = greedy_select if runner_ups is None else runner_ups.select
         with self.stats.timer("drafter_s"):
             # not capped by the budget: a target token can take several drafter tokens to spell
-            steps = self.context.draft(min(self.lookahead, self.context.room()), greedy_select, self.stop)
+            steps = self.context.draft(min(self.lookahead, self.context.room()), select, self.stop)
         with self.stats.timer("translation_s"):
-            return Draft(self._to_target(steps.ids)[:budget])
+            chain = self._to_target(steps.ids)[:budget]
+            if runner_ups is None or not chain:
+                return Draft(chain)
+            return Draft(chain, branches=self._siblings(steps.ids, runner_ups, budget))
 
-    def _to_target(self, drafted: list[int]) -> list[int]:
-        """Target ids spelling the drafted text (cut at the first special drafter token)."""
+    def _siblings(self, drafted: list[int], runner_ups: "RunnerUps", budget: int) -> list[list[int]]:
+        """Target ids of the sibling branches (:mod:`hf_hetspec.tree`): for each draft position ``i`` where the
+        drafter's estimate that the chain's first ``i`` tokens and then its runner-up are what the target
+        writes (the product of the chosen tokens' probabilities before ``i``, times the runner-up's) is at least
+        ``sibling_min_joint``, the text of ``drafted[:i]`` plus the runner-up, re-tokenized like the chain."""
+        chosen_p, runner_id, runner_p = runner_ups.values()
+        branches, joint = [], 1.0
+        for i in range(min(len(drafted), len(runner_id))):
+            if joint * runner_p[i] >= self.sibling_min_joint:
+                branch = self._to_target(drafted[:i] + [runner_id[i]], discard=False)[:budget]
+                if branch:
+                    branches.append(branch)
+            joint *= chosen_p[i]
+            if drafted[i] in self.drafter_vocab.special_ids:
+                break
+        return branches
+
+    def _to_target(self, drafted: list[int], discard: bool = True) -> list[int]:
+        """Target ids spelling the drafted text (cut at the first special drafter token, which is also dropped
+        from the drafter's context when ``discard``)."""
         tail: list[int] = []
         for j, tok in enumerate(drafted):
             if tok in self.drafter_vocab.special_ids:
                 if tok in self.special_to_target:
                     tail = [self.special_to_target[tok]]
-                self.context.discard_draft_after(j)
+                if discard:
+                    self.context.discard_draft_after(j)
                 drafted = drafted[:j]
                 break
         data = self.drafter_vocab.ids_to_bytes(drafted)

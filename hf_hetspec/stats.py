@@ -27,6 +27,10 @@ Conventions (the field's, written down once):
 * ``lookup_drafts`` counts rounds drafted by the context lookup and ``lookup_accepted`` the tokens verification
   kept of them; ``backed_off`` counts rounds in which the source policy chose no draft because drafting was
   yielding less than the target alone (:mod:`hf_hetspec.sources`);
+* ``tree_rounds`` counts rounds verified as a draft tree (the chain and SLEM's sibling branches,
+  :mod:`hf_hetspec.tree`), ``tree_nodes`` the sibling nodes verified beyond the chain, and ``sibling_rounds`` the
+  rounds whose accepted path left the chain; in a tree round ``accepted_tokens`` counts the accepted nodes of
+  whichever branch, ``drafted_tokens`` the chain's, and a round that left the chain counts as a rejection;
 * ``drafter_head_rows``: rows of the drafter's LM head computed per drafter step when TLI prunes it to the
   vocabulary intersection (0: the full head);
 * ``drafter_runtime`` is the runtime the drafter ran in (:mod:`hf_hetspec.runtime`), ``drafter_memory_bytes``
@@ -74,6 +78,9 @@ class DecodingStats:
     lookup_drafts: int = 0
     lookup_accepted: int = 0
     backed_off: int = 0
+    tree_rounds: int = 0
+    tree_nodes: int = 0
+    sibling_rounds: int = 0
     drafter_truncated_tokens: int = 0
     drafter_head_rows: int = 0
     drafter_runtime: str = "eager"

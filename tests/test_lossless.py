@@ -428,8 +428,29 @@ def _assert_rejected(report):
     assert not report.passed and report.p_value < REJECT, str(report)
 
 
-def test_rejects_exact_match_that_accepts_every_draft(toy_pair, monkeypatch):
-    monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
+def _walk_accepting_every_draft(tree, choose):
+    """BROKEN tree walk (:func:`hf_hetspec.tree.walk_tree`): the target chooses at every node, but the walk
+    follows the node's first child whatever it chose."""
+    node, path, tokens = -1, [], []
+    while True:
+        token = choose(node, tokens)
+        child = next((c for (parent, _), c in tree.children.items() if parent == node), None)
+        if child is None:
+            return path, tokens + [token]
+        tokens.append(tree.tokens[child])
+        path.append(child)
+        node = child
+
+
+@pytest.mark.parametrize("verification", ["chain", "tree"])
+def test_rejects_exact_match_that_accepts_every_draft(toy_pair, monkeypatch, verification):
+    """SLEM's sampled drafts are verified as a chain, or with their sibling branches as a tree
+    (:mod:`hf_hetspec.tree`); each broken variant keeps every draft token unchecked on its own path."""
+    if verification == "chain":
+        monkeypatch.setattr(hf_hetspec.decoding, "supports_tree", lambda target, cache: False)
+        monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
+    else:
+        monkeypatch.setattr(hf_hetspec.decoding, "walk_tree", _walk_accepting_every_draft)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "slem", n=200, **T1)
     _assert_rejected(report)
 

@@ -85,9 +85,10 @@ def test_the_plan_takes_the_schedule_of_the_runtime_auto_resolves_to(toy_pair, m
     kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer,
               "max_new_tokens": 4}
     decided = plan.make_plan(toy_pair.target, call, kwargs, args)
-    assert decided.schedule == choose_schedule("slem", drafter_runtime="int8-static")
+    v = decided.verify_cost  # the float32 toy target's
+    assert decided.schedule == choose_schedule("slem", drafter_runtime="int8-static", verify_cost=v)
     monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 10**12)
-    assert plan.make_plan(toy_pair.target, call, kwargs, args).schedule == choose_schedule("slem")
+    assert plan.make_plan(toy_pair.target, call, kwargs, args).schedule == choose_schedule("slem", verify_cost=v)
 
 
 def test_explicit_schedules():
@@ -314,4 +315,4 @@ def test_the_schedule_is_that_of_the_runtime_that_runs(toy_pair, monkeypatch):
               "max_new_tokens": 4}
     decided = plan.make_plan(toy_pair.target, call, kwargs, plan.HetspecArguments("slem"))
     assert decided.drafter.runtime == "eager" and decided.drafter.model is toy_pair.drafter
-    assert decided.schedule == choose_schedule("slem", drafter_runtime="eager")
+    assert decided.schedule == choose_schedule("slem", drafter_runtime="eager", verify_cost=decided.verify_cost)

@@ -44,6 +44,8 @@ def test_the_adaptive_rule_is_transformers_heuristic():
     (Schedule(4, True, min_lookahead=0), {}, ValueError, "min_lookahead=0"),
     (Schedule(4, False, DraftStop(1.5)), {}, ValueError, "cut-offs in \\[0, 1\\)"),
     (Schedule(4, False), {"num_assistant_tokens": 3}, ValueError, "`num_assistant_tokens`: pass one of them"),
+    (Schedule(4, False, sibling_min_joint=1.0), {}, ValueError, "sibling_min_joint=1.0"),
+    (Schedule(4, False, sibling_min_joint=True), {}, ValueError, "sibling_min_joint=True"),
 ])
 def test_check_schedule_refuses(value, settings, error, match):
     with pytest.raises(error, match=match):
@@ -68,3 +70,15 @@ def test_a_schedule_passed_per_call_is_the_calls(toy_pair):
             toy_pair.target.generate(ids, max_new_tokens=5, hetspec_schedule=two)
         finally:
             hf_hetspec.disable(toy_pair.target)
+
+
+def test_slems_default_drafts_siblings_worth_their_verification():
+    """A sibling branch costs only its tokens in the verification (v each): SLEM's default proposes those whose
+    drafter-estimated chance reaches v, none where verification is dear; token-level drafts have none."""
+    from hf_hetspec.schedule import VERIFY_COSTS, choose_schedule
+
+    assert choose_schedule("slem", drafter_runtime="int8-static").sibling_min_joint == VERIFY_COSTS["native"]
+    assert choose_schedule("slem", verify_cost=VERIFY_COSTS["cpu-float32"]).sibling_min_joint == 0.10
+    assert choose_schedule("slem", verify_cost=VERIFY_COSTS["cpu-emulated-half"]).sibling_min_joint == 0.0
+    assert choose_schedule("tli").sibling_min_joint == 0.0
+    assert choose_schedule("slem", num_assistant_tokens=4).sibling_min_joint == 0.0

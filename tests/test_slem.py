@@ -79,3 +79,36 @@ def test_propose_drafts_the_drafters_argmax_within_the_budget(toy_pair, monkeypa
     proposer.max_length = prompt.shape[1] + 4  # room for 3 draft tokens (one is left for the bonus token)
     assert proposer.propose(prompt).target_ids == _target_continuation(toy_pair, " the cat sat")[:3]
     assert proposer.context.draft_ids == _drafter_ids(toy_pair, " the cat sat")
+
+
+def test_siblings_are_the_drafters_runner_ups_retokenized_for_the_target(toy_pair, monkeypatch):
+    """The drafter writes " the cat" and is unsure between " c" and " d" at the second word: the sibling is
+    " the" + " d", in the target's own ids; a runner-up whose estimated chance is below the cut-off (the first
+    word's) is not proposed."""
+    proposer = _slem(toy_pair, lookahead=3)
+    proposer.sibling_min_joint = 0.2
+    chosen = _drafter_ids(toy_pair, " the cat")
+    runner = {1: _drafter_ids(toy_pair, " d")[0], 0: _drafter_ids(toy_pair, " a")[0]}
+    script = iter(range(len(chosen)))
+
+    def forward(feed):
+        i = next(script)
+        logits = torch.full((1, proposer.context.n_tokens), -20.0)
+        logits[0, chosen[i]] = 2.0
+        if i in runner:  # second word: 0.5 / 0.4; first word: the runner-up far behind
+            logits[0, runner[i]] = 2.0 - (0.223 if i == 1 else 3.0)
+        return logits
+
+    monkeypatch.setattr(proposer.context, "_forward", forward)
+    prompt = toy_pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    draft = proposer.propose(prompt)
+    assert draft.target_ids == _target_continuation(toy_pair, " the cat")
+    assert draft.branches == [_target_continuation(toy_pair, " the d")]
+    # the context holds the chain only: siblings are never fed to the drafter
+    assert proposer.context.draft_ids == chosen
+
+
+def test_no_siblings_without_a_cut_off(toy_pair):
+    proposer = _slem(toy_pair, lookahead=3)
+    prompt = toy_pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    assert proposer.sibling_min_joint == 0 and proposer.propose(prompt).branches == []
