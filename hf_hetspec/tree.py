@@ -170,7 +170,7 @@ def supports_tree(target, cache) -> bool:
     a custom 4D mask (:data:`TREE_ATTENTION`)."""
     config = getattr(target, "config", None)
     attention = getattr(config, "_attn_implementation", None)
-    if attention not in TREE_ATTENTION or type(cache) is not DynamicCache:
+    if attention not in TREE_ATTENTION or type(cache) is not DynamicCache or getattr(cache, "offloading", False):
         return False
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):

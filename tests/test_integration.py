@@ -79,6 +79,8 @@ def test_greedy_identical_to_target_alone_on_toy_pairs(request, pair_name, algor
     floor = 0.5 if algorithm == "slem" else 0.3
     assert sum(s.accepted_tokens for s in stats) > floor * sum(s.drafted_tokens for s in stats)
     assert all(s.mean_accepted_per_forward > 1.5 for s in stats)
+    # SLEM's default verifies the drafter's runner-ups as sibling branches (hf_hetspec.tree): exercised here
+    assert (sum(s.tree_rounds for s in stats) > 0) == (algorithm == "slem")
     _check_greedy(pair, EDGE_PROMPTS, algorithm=algorithm)
 
 

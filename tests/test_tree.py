@@ -190,6 +190,7 @@ def test_trees_need_a_plain_dynamic_cache_and_a_mask_taking_attention(target):
 
     assert supports_tree(target, DynamicCache(config=target.config))
     assert not supports_tree(target, StaticCache(config=target.config, max_cache_len=64))
+    assert not supports_tree(target, DynamicCache(config=target.config, offloading=True))
     saved = target.config._attn_implementation
     try:
         target.config._attn_implementation = "flash_attention_2"
