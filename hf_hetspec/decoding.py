@@ -165,7 +165,9 @@ def speculative_generate(
         generation_config: the merged ``GenerationConfig`` of the call.
         proposer: a :class:`~hf_hetspec.proposer.Proposer` (what the loop may use of it); ``proposer.propose(ids)``
             gives the next :class:`~hf_hetspec.proposer.Draft`. A sampled call verifies it against the draft's ``q``
-            when it has one (``verification``), otherwise by exact-match sampling.
+            when it has one (``verification``), otherwise by exact-match sampling. A draft with sibling
+            ``branches`` and no ``q`` is verified as one tree (:func:`_verify_tree`) when the target and its
+            cache allow it (:func:`~hf_hetspec.tree.supports_tree`), else as its chain.
         stats: filled in place.
         streamer: receives only accepted tokens, one block per target forward.
         generator: randomness for sampling (on the target's logits device); ``None`` = global RNG.
