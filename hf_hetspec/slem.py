@@ -22,27 +22,35 @@ def greedy_select(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(dim=-1, keepdim=True), None
 
 
+#: Runner-ups per draft position that may become sibling branches (the drafter's 2nd, 3rd, ... choices). Two
+#: (2nd and 3rd) raised target tokens per forward on 2 of 8 tuning-half prompts with 50% more tree nodes, a
+#: speedup within run-to-run noise (docs/results.md, 2026-12-02 evening): one until measured better.
+RUNNER_UPS = 1
+
+
 class RunnerUps:
     """A drafter selector (:meth:`~hf_hetspec.drafter.DrafterContext.draft`) that drafts the argmax, as
-    :func:`greedy_select`, and keeps, per drafted position, the chosen token's probability and the runner-up
-    token with its probability, for sibling branches (:mod:`hf_hetspec.tree`)."""
+    :func:`greedy_select`, and keeps, per drafted position, the chosen token's probability and the next
+    ``count`` tokens (default :data:`RUNNER_UPS`) with their probabilities, for sibling branches
+    (:mod:`hf_hetspec.tree`)."""
 
-    def __init__(self):
+    def __init__(self, count: int | None = None):
+        self.count = RUNNER_UPS if count is None else count
         self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None]:
-        probs, ids = logits.float().softmax(dim=-1).topk(2, dim=-1)  # [1, 2] each
+        probs, ids = logits.float().softmax(dim=-1).topk(1 + self.count, dim=-1)  # [1, 1 + count] each
         self._top.append((probs, ids))
         return ids[:, :1], None
 
-    def values(self) -> tuple[list[float], list[int], list[float]]:
-        """Per drafted position: the chosen token's probability, the runner-up id, its probability (one host
-        sync for the whole draft)."""
+    def values(self) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """Per drafted position: the chosen token's probability, the runner-up ids (best first), their
+        probabilities (one host sync for the whole draft)."""
         if not self._top:
             return [], [], []
         probs = torch.cat([p for p, _ in self._top]).tolist()
         ids = torch.cat([i for _, i in self._top]).tolist()
-        return [p[0] for p in probs], [i[1] for i in ids], [p[1] for p in probs]
+        return [p[0] for p in probs], [i[1:] for i in ids], [p[1:] for p in probs]
 
 
 class SLEMProposer(HeterogeneousProposer):
@@ -76,15 +84,18 @@ class SLEMProposer(HeterogeneousProposer):
             return Draft(chain, branches=self._siblings(steps.ids, runner_ups, budget))
 
     def _siblings(self, drafted: list[int], runner_ups: "RunnerUps", budget: int) -> list[list[int]]:
-        """Target ids of the sibling branches (:mod:`hf_hetspec.tree`): for each draft position ``i`` where the
-        drafter's estimate that the chain's first ``i`` tokens and then its runner-up are what the target
-        writes (the product of the chosen tokens' probabilities before ``i``, times the runner-up's) is at least
-        ``sibling_min_joint``, the text of ``drafted[:i]`` plus the runner-up, re-tokenized like the chain."""
-        chosen_p, runner_id, runner_p = runner_ups.values()
+        """Target ids of the sibling branches (:mod:`hf_hetspec.tree`): for each draft position ``i`` and each of
+        the drafter's runner-ups there (:data:`RUNNER_UPS`) whose estimate that the chain's first ``i`` tokens
+        and then that runner-up are what the target writes (the product of the chosen tokens' probabilities
+        before ``i``, times the runner-up's) is at least ``sibling_min_joint``, the text of ``drafted[:i]``
+        plus the runner-up, re-tokenized like the chain."""
+        chosen_p, runner_ids, runner_ps = runner_ups.values()
         branches, joint = [], 1.0
-        for i in range(min(len(drafted), len(runner_id))):
-            if joint * runner_p[i] >= self.sibling_min_joint:
-                branch = self._to_target(drafted[:i] + [runner_id[i]], discard=False)[:budget]
+        for i in range(min(len(drafted), len(runner_ids))):
+            for runner_id, runner_p in zip(runner_ids[i], runner_ps[i]):
+                if joint * runner_p < self.sibling_min_joint:
+                    break  # the next runner-up is less likely still
+                branch = self._to_target(drafted[:i] + [runner_id], discard=False)[:budget]
                 if branch:
                     branches.append(branch)
             joint *= chosen_p[i]

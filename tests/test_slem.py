@@ -108,6 +108,32 @@ def test_siblings_are_the_drafters_runner_ups_retokenized_for_the_target(toy_pai
     assert proposer.context.draft_ids == chosen
 
 
+def test_each_runner_up_likely_enough_becomes_a_sibling(toy_pair, monkeypatch):
+    """With two runner-ups per position, the 2nd and 3rd choices at the second word both become siblings when
+    their estimates reach the cut-off; the 3rd is dropped when it does not."""
+    from hf_hetspec import slem
+
+    monkeypatch.setattr(slem, "RUNNER_UPS", 2)
+    chosen = _drafter_ids(toy_pair, " the cat")
+    second, third = _drafter_ids(toy_pair, " d")[0], _drafter_ids(toy_pair, " b")[0]
+    for cut_off, expected in ((0.1, [" the d", " the b"]), (0.3, [" the d"])):
+        proposer = _slem(toy_pair, lookahead=3)
+        proposer.sibling_min_joint = cut_off
+        script = iter(range(len(chosen)))
+
+        def forward(feed):
+            i = next(script)
+            logits = torch.full((1, proposer.context.n_tokens), -20.0)
+            logits[0, chosen[i]] = 2.0
+            if i == 1:  # about 0.45 / 0.37 / 0.18
+                logits[0, second], logits[0, third] = 1.8, 1.1
+            return logits
+
+        monkeypatch.setattr(proposer.context, "_forward", forward)
+        prompt = toy_pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+        assert proposer.propose(prompt).branches == [_target_continuation(toy_pair, t) for t in expected]
+
+
 def test_no_siblings_without_a_cut_off(toy_pair):
     proposer = _slem(toy_pair, lookahead=3)
     prompt = toy_pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
