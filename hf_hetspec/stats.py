@@ -161,5 +161,6 @@ class DecodingStats:
             f"{self.mean_accepted_per_forward:.2f} tokens/forward, {self.drafter_runtime} drafter "
             f"c={self.cost_ratio:.3f}"
             + (f" (copy made in {self.drafter_prepare_s:.2f}s)" if self.drafter_prepare_s else "")
+            + (f", {self.tree_rounds} tree rounds ({self.sibling_rounds} took a sibling)" if self.tree_rounds else "")
             + (f" [{self.note}]" if self.note else "")
         )

@@ -25,6 +25,9 @@ def test_decoding_stats_derived_values():
     d = stats.as_dict()
     assert d["alpha"] == stats.alpha and d["acceptance_rate"] == 0.5 and d["new_tokens"] == 20
     assert "acceptance 0.50 (alpha 0.67)" in stats.summary() and "2.50 tokens/forward" in stats.summary()
+    assert "tree" not in stats.summary()
+    stats.tree_rounds, stats.sibling_rounds = 5, 2
+    assert ", 5 tree rounds (2 took a sibling)" in stats.summary()
 
 
 def test_empty_stats_are_zero_not_errors():
