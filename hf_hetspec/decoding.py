@@ -215,7 +215,7 @@ def speculative_generate(
         n = ids.shape[1]
         draft_tokens = proposer.propose(ids)
         k = len(draft_tokens.target_ids)
-        tree = None
+        tree, left_chain = None, False
         if draft_tokens.branches and draft_tokens.q is None and supports_tree(target, cache):
             tree = DraftTree.from_branches(draft_tokens.target_ids, draft_tokens.branches)
             tree = None if tree.is_chain() else tree
@@ -224,9 +224,10 @@ def speculative_generate(
                 tokens, path, processed, logits = _verify_tree(target, cache, ids, tree, logits_processor,
                                                                prompt_positions, do_sample, generator)
                 accepted = len(path)
+                left_chain = path != list(range(accepted))
                 stats.tree_rounds += 1
                 stats.tree_nodes += len(tree) - k
-                stats.sibling_rounds += int(path != list(range(accepted)))
+                stats.sibling_rounds += int(left_chain)
             else:
                 drafted = torch.tensor([draft_tokens.target_ids], dtype=ids.dtype, device=device)  # [1, k]
                 candidate_ids = torch.cat([ids, drafted], dim=1)
@@ -250,7 +251,7 @@ def speculative_generate(
         stats.target_forwards += 1
         stats.drafted_tokens += k
         stats.accepted_tokens += accepted
-        stats.rejections += int(tree is None and accepted < k or tree is not None and path != list(range(k)))
+        stats.rejections += int(accepted < k or left_chain)
 
         # Append one token at a time so that EOS, stop strings and custom criteria inside the block stop
         # generation exactly where plain decoding would have stopped.

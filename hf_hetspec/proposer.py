@@ -38,8 +38,8 @@ class Draft:
             distribution each draft token was drawn from (TLI's ``q``, SLRS's ``psi``); ``None`` for
             exact-match verification (SLEM, argmax drafts, context-lookup drafts, and every greedy call).
         branches: other target-id sequences from the same position (SLEM's sibling branches,
-            :mod:`hf_hetspec.tree`), verified with ``target_ids`` as one tree by greedy calls that can; a
-            loop that cannot verifies ``target_ids`` alone, which is exact too.
+            :mod:`hf_hetspec.tree`), verified with ``target_ids`` as one tree where the loop can (greedy or by
+            exact-match sampling); a loop that cannot verifies ``target_ids`` alone, which is exact too.
     """
 
     target_ids: list[int]

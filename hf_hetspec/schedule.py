@@ -76,7 +76,7 @@ class Schedule:
             runtime's :data:`COST_RATIOS` entry.
         verify_cost: ``v`` the source policy counts per verified draft token (target forwards); ``None``:
             :func:`verify_cost` of the target.
-        sibling_min_joint: SLEM in a greedy call also drafts, at each draft position, the drafter's runner-up
+        sibling_min_joint: SLEM (greedy or sampled) also drafts, at each draft position, the drafter's runner-up
             after the chain's tokens before it, when the drafter's estimate that this branch is what the target
             writes reaches this value; the target verifies the chain and its siblings as one tree
             (:mod:`hf_hetspec.tree`). A sibling costs no drafter step, only its tokens in the verification
