@@ -21,8 +21,9 @@ The lead's measurement (issue #28: >= 1.3x at B = 4 and never below the target a
         --threads 1 --budgets 48 1000000 --out benchmarks/results/batched/throughput.json
 
 (``--budgets 1000000`` never backs off: it shows what drafting at every batch size would give, which is what
-the constant is tuned from.) ``--smoke`` runs the same code on the tiny toy pair of ``hf_hetspec.testing`` in
-seconds (no model download; its numbers mean nothing).
+the constant is tuned from; ``--offset 4`` takes the next four prompts, to report on prompts the tuning did not
+see.) ``--smoke`` runs the same code on the tiny toy pair of ``hf_hetspec.testing`` in seconds (no model
+download; its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def load(args):
 
     target, target_tok = zoo.load(args.target, dtype=torch.bfloat16)
     drafter, drafter_tok = zoo.load(args.drafter, dtype=torch.bfloat16)
-    prompts = demo_prompts(max(args.batch_sizes))
+    prompts = demo_prompts(args.offset + max(args.batch_sizes))[args.offset:]
     rows = [chat_ids(target_tok, [{"role": "user", "content": p.message}], True)[0].tolist() for p in prompts]
     return target, target_tok, drafter, drafter_tok, rows
 
@@ -89,6 +90,9 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="0: greedy")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--offset", type=int, default=0,
+                        help="skip this many demo prompts: a batch of B is prompts offset .. offset + B - 1 (tune on "
+                             "one set, report on another)")
     parser.add_argument("--repeats", type=int, default=1, help="calls per setting (interleaved)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)

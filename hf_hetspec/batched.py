@@ -70,9 +70,13 @@ from .verify import verify_block, verify_exact_match_sampling, verify_greedy, ve
 #: Drafting pays in a batch only while the target's verification forward stays cheap: on a CPU a forward over
 #: many tokens costs about as much as that many one-token forwards once the weights' memory traffic is shared,
 #: and the drafter runs once per row. A round with ``rows`` unfinished rows feeds at most this many tokens: each
-#: row's draft is cut to ``BATCH_DRAFT_TOKEN_BUDGET // rows - 1`` target tokens (:func:`draft_cap`). To be tuned
-#: with ``benchmarks/batched_throughput.py --budgets ...`` (the lead's measurement, B = 1, 4, 16).
-BATCH_DRAFT_TOKEN_BUDGET = 48
+#: row's draft is cut to ``BATCH_DRAFT_TOKEN_BUDGET // rows - 1`` target tokens (:func:`draft_cap`). Measured
+#: (bf16 Qwen2.5-Coder-1.5B, one thread, after 200 tokens): 4 rows of 1 token 311 ms, of 4 tokens 422 ms, of 12
+#: 648 ms. Tuned with ``benchmarks/batched_throughput.py --batch-sizes 4 --budgets 48 32 24 16`` on the demo
+#: prompts 0-3, greedy 1.26x / 1.40x / 1.40x / 1.42x the target's batched ``generate()``, T=1 24 above 32 over
+#: three seeds; reported on prompts 4-7 (two repeats) for 48 / 32 / 24: greedy 1.10x / 1.13x / 1.18x, T=1
+#: 0.93x / 1.02x / 0.99x (docs/results.md, 2026-12-02 night).
+BATCH_DRAFT_TOKEN_BUDGET = 24
 #: ... and when that cut leaves fewer than this many draft tokens per row, the round does not draft at all
 #: (plain batched decoding, one token per row): the drafter's steps would cost more than the few tokens they can
 #: add. Tuned with the budget.
