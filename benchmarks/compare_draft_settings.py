@@ -18,7 +18,8 @@ HumanEval/20-29 are the tuning prompts; the bench reports HumanEval/0-9. ``--tas
 evaluation suite instead (``hf-hetspec bench --suite spec-bench``'s tasks, ``--per-task`` prompts of each from
 ``--half``, default the tuning half; a prompt's first turn), printing per-task totals too. A setting's ``"schedule"`` (an object of
 :class:`hf_hetspec.Schedule` fields) changes the default schedule of its algorithm and drafter runtime, e.g.
-``{"hetspec_algorithm": "slem", "schedule": {"context_lookup": false, "back_off": false}}``. A setting with
+``{"hetspec_algorithm": "slem", "schedule": {"context_lookup": false, "back_off": false}}`` (``"stop"``: an object
+of :class:`hf_hetspec.DraftStop` fields changed likewise). A setting with
 ``"hetspec_loop": "transformers"`` runs in transformers' loop, which takes no ``hetspec_generator``: it samples
 with torch's global RNG, seeded per call. ``benchmarks/results/loops/slem-greedy-humaneval-0-5.log``::
 
@@ -58,14 +59,17 @@ def _prompts(args, tokenizer) -> list[tuple[str, str, torch.Tensor]]:
             for p in found]
 
 
-def _kwargs(setting: dict, drafter) -> dict:
+def _kwargs(setting: dict, drafter, sample: bool) -> dict:
     """``generate()`` keywords of a setting: its ``"schedule"`` changes applied to the default schedule of its
-    algorithm for the drafter runtime that runs (``hetspec_drafter``, default ``auto``)."""
+    algorithm for the drafter runtime that runs (``hetspec_drafter``, default ``auto``) and the kind of call
+    (``sample``)."""
     kwargs = dict(setting)
     changes = kwargs.pop("schedule", None)
     if changes is not None:
         runtime = prepare_drafter(drafter, kwargs.get("hetspec_drafter", "auto")).runtime
-        default = choose_schedule(kwargs.get("hetspec_algorithm", "slem"), drafter_runtime=runtime)
+        default = choose_schedule(kwargs.get("hetspec_algorithm", "slem"), drafter_runtime=runtime, sample=sample)
+        if isinstance(changes.get("stop"), dict):  # {"min_joint": 0.3}: changes to the default's DraftStop
+            changes["stop"] = dataclasses.replace(default.stop, **changes["stop"])
         kwargs["hetspec_schedule"] = dataclasses.replace(default, **changes)
     return kwargs
 
@@ -92,7 +96,7 @@ def main() -> None:
     integration.enable(target)
     totals: dict[str, list[float]] = {}
     per_task: dict[tuple[str, str], list[float]] = {}
-    settings = {name: _kwargs(setting, drafter) for name, setting in settings.items()}
+    settings = {name: _kwargs(setting, drafter, args.temperature > 0) for name, setting in settings.items()}
     print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     for task, prompt_id, ids in _prompts(args, target_tok):
         for seed in args.seeds:

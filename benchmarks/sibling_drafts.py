@@ -3,11 +3,12 @@ prompt against the target alone: the default schedule of the drafter runtime tha
 cut-off changed (0 = chains only).
 
     python benchmarks/sibling_drafts.py --tasks translation qa mt_bench math_reasoning rag summarization \\
-        --prompts 2 --half tune --cut-offs 0 0.01 0.03 [--temperature 0] [--threads 1]
+        --prompts 2 --half tune --cut-offs 0 0.01 0.03 [--runner-ups 1 2] [--temperature 0] [--threads 1]
 
 Prints one line per prompt (seconds of the target alone; per cut-off: speedup, greedy verdict against the target
 alone (``compare_greedy``: identical, tie, different), target tokens per forward, tree rounds / forwards, sibling
-nodes, rounds that left the chain; the 1-minute load average) and the geometric mean per cut-off. Measured
+nodes, rounds that left the chain; the 1-minute load average) and the geometric mean per cut-off (and per
+``--runner-ups`` value, ``Schedule.sibling_runner_ups``). Measured
 2026-12-02 (docs/results.md).
 """
 
@@ -35,6 +36,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2, help="per task")
     parser.add_argument("--half", default="tune")
     parser.add_argument("--cut-offs", type=float, nargs="+", default=[0.0, 0.03])
+    parser.add_argument("--runner-ups", type=int, nargs="+", default=None,
+                        help="Schedule.sibling_runner_ups values to run each cut-off with (runner-ups per draft "
+                             "position; default: the call's default schedule's)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -43,10 +47,11 @@ def main() -> None:
     target, ttok = zoo.load("qwen2.5-coder-1.5b-instruct", dtype=torch.bfloat16)
     drafter, dtok = zoo.load("smollm2-135m-instruct", dtype=torch.bfloat16)
     runtime = prepare_drafter(drafter, "auto").runtime  # made once, before any timed call
-    base = choose_schedule("slem", drafter_runtime=runtime)
+    sample = args.temperature > 0
+    base = choose_schedule("slem", drafter_runtime=runtime, sample=sample)
+    runner_ups = args.runner_ups or [base.sibling_runner_ups]
     prompts, _ = load_prompts(args.tasks, {t: args.prompts for t in args.tasks}, DEFAULT_SPEC_BENCH, "local",
                               (False, "local files"), half=args.half)
-    sample = args.temperature > 0
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=sample)
     if sample:
         common["temperature"] = args.temperature
@@ -54,9 +59,10 @@ def main() -> None:
     def seeded():
         return torch.Generator().manual_seed(0) if sample else None
 
-    speedups = {c: [] for c in args.cut_offs}
+    variants = [(c, r) for c in args.cut_offs for r in runner_ups]
+    speedups = {v: [] for v in variants}
     for prompt in prompts:
-        ids = chat_ids(ttok, [{"role": "user", "content": prompt.turns[0]}], True)
+        ids = chat_ids(ttok, [{"role": "user", "content": prompt.turns[0]}], prompt.chat)  # plain for completion
         kw = dict(attention_mask=torch.ones_like(ids), **common)
         hf_hetspec.disable(target)
         torch.manual_seed(0)
@@ -65,8 +71,8 @@ def main() -> None:
         alone = time.perf_counter() - start
         hf_hetspec.enable(target)
         line = f"{prompt.task:14s} {prompt.prompt_id:16s} alone {alone:5.1f}s"
-        for cut_off in args.cut_offs:
-            schedule = dataclasses.replace(base, sibling_min_joint=cut_off)
+        for cut_off, count in variants:
+            schedule = dataclasses.replace(base, sibling_min_joint=cut_off, sibling_runner_ups=count)
             start = time.perf_counter()
             out = target.generate(ids, assistant_model=drafter, tokenizer=ttok, assistant_tokenizer=dtok,
                                   hetspec_algorithm="slem", hetspec_schedule=schedule, hetspec_generator=seeded(),
@@ -75,14 +81,16 @@ def main() -> None:
             stats = hf_hetspec.last_stats(target)
             # sampled outputs differ by design: compare tokens/s there, greedy outputs token for token
             ratio = (stats.new_tokens / seconds) / ((want.shape[1] - ids.shape[1]) / alone)
-            speedups[cut_off].append(ratio)
+            speedups[cut_off, count].append(ratio)
             verdict = "sampled" if sample else compare_greedy(target, ids, want, out).verdict
-            line += (f" | {cut_off}: {ratio:4.2f}x {verdict} tpf {stats.mean_accepted_per_forward:.2f} "
+            label = f"{cut_off}" if len(runner_ups) == 1 else f"{cut_off}/{count}"
+            line += (f" | {label}: {ratio:4.2f}x {verdict} tpf {stats.mean_accepted_per_forward:.2f} "
                      f"tree {stats.tree_rounds}/{stats.target_forwards} nodes {stats.tree_nodes} "
                      f"left {stats.sibling_rounds}")
         print(line, f"load {os.getloadavg()[0]:.2f}", flush=True)
-    for cut_off, values in speedups.items():
-        print(f"cut-off {cut_off}: geomean {statistics.geometric_mean(values):.3f}x over {len(values)} prompts")
+    for (cut_off, count), values in speedups.items():
+        print(f"cut-off {cut_off}, runner-ups {count}: geomean {statistics.geometric_mean(values):.3f}x "
+              f"over {len(values)} prompts")
 
 
 if __name__ == "__main__":

@@ -634,7 +634,8 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
     Raises:
         TypeError: not a :class:`Schedule`.
         ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, ``context_lookup`` or
-            ``back_off`` not a bool, a ``cost_ratio`` or ``sibling_min_joint`` outside ``[0, 1)``, or
+            ``back_off`` not a bool, a ``cost_ratio`` or ``sibling_min_joint`` outside ``[0, 1)``,
+            ``sibling_runner_ups`` below 1, or
             transformers' schedule settings given too (one of the two would be silently dropped).
     """
     if not isinstance(schedule, Schedule):
@@ -655,6 +656,10 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
     if isinstance(siblings, bool) or not isinstance(siblings, (int, float)) or not 0.0 <= siblings < 1.0:
         raise ValueError(f"hetspec_schedule.sibling_min_joint={siblings!r}: must be in [0, 1) (0: no sibling "
                          "branches).")
+    runner_ups = schedule.sibling_runner_ups
+    if not isinstance(runner_ups, int) or isinstance(runner_ups, bool) or runner_ups < 1:
+        raise ValueError(f"hetspec_schedule.sibling_runner_ups={runner_ups!r}: must be an integer >= 1 (the "
+                         "drafter's runner-ups per draft position that may become siblings).")
     for name in ("context_lookup", "back_off"):
         if not isinstance(getattr(schedule, name), bool):
             raise ValueError(f"hetspec_schedule.{name}={getattr(schedule, name)!r}: must be True or False.")

@@ -307,7 +307,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     prepared = prepare_drafter(drafter, args.drafter_runtime)
     target_verify_cost = verify_cost(model_device(target), target.dtype)
     schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime,
-                                                verify_cost=target_verify_cost, **schedule_settings)
+                                                verify_cost=target_verify_cost, sample=bool(config.do_sample),
+                                                **schedule_settings)
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     if args.verification == "block" and draft_temperature == 0:  # block verification needs drafts with a q
         draft_temperature = float(config.temperature or 1.0)
@@ -365,7 +366,7 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
         stats: the call's statistics.
         generator: the call's ``hetspec_generator`` (the drafter's own generator is seeded from it).
         tree: the loop verifies draft trees (:mod:`hf_hetspec.tree`, one row): SLEM then drafts sibling
-            branches by the schedule's ``sibling_min_joint``.
+            branches by the schedule's ``sibling_min_joint`` and ``sibling_runner_ups``.
     """
     common = dict(
         schedule=plan.schedule,
@@ -376,7 +377,8 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
     args = (plan.target_vocab, drafter, plan.drafter_vocab, input_ids)
     if plan.algorithm == "slem":
         siblings = plan.schedule.sibling_min_joint if tree else 0.0
-        proposer = SLEMProposer(*args, sibling_min_joint=siblings, **common)
+        proposer = SLEMProposer(*args, sibling_min_joint=siblings, runner_ups=plan.schedule.sibling_runner_ups,
+                                **common)
         return _with_sources(plan, proposer, input_ids, generation_config, stats)
     common.update(
         policy=plan.draft_policy,

@@ -81,6 +81,8 @@ class Schedule:
             writes reaches this value; the target verifies the chain and its siblings as one tree
             (:mod:`hf_hetspec.tree`). A sibling costs no drafter step, only its tokens in the verification
             (``v`` each), so it pays while its chance exceeds about ``v``. 0 disables.
+        sibling_runner_ups: how many of the drafter's runner-ups per draft position (its 2nd, 3rd, ... choices)
+            may become siblings, each by the ``sibling_min_joint`` rule (>= 1).
     """
 
     lookahead: int
@@ -92,6 +94,7 @@ class Schedule:
     cost_ratio: float | None = None
     verify_cost: float | None = None
     sibling_min_joint: float = 0.0
+    sibling_runner_ups: int = 1
 
 
 #: ``v``: target forwards added to a verification by one more drafted token (a forward over ``k + 1`` tokens
@@ -164,6 +167,13 @@ SLEM_DEFAULTS: dict[str, SlemDefault] = {
     "int8-static": SlemDefault(0.2, 16),
     "compiled": SlemDefault(0.2, 16),
 }
+#: SLEM's default runner-ups per draft position that may become sibling branches (``Schedule.sibling_runner_ups``),
+#: greedy and sampled calls. A sampled target spreads its choice over more tokens, so the drafter's 3rd choice is
+#: worth verifying more often: at T=1, two runner-ups ran 1.52x the target alone against 1.42x for one (12
+#: Spec-Bench prompts of the tuning half, interleaved; target tokens per forward higher on 8, equal on 4), while
+#: greedy two were within noise of one (tokens per forward up on 2 of 8 prompts, trees half again as large;
+#: docs/results.md, 2026-12-02).
+SIBLING_RUNNER_UPS: dict[str, int] = {"greedy": 1, "sampled": 2}
 #: TLI's and SLRS's default floor of the +2/-1 lookahead schedule per drafter runtime. Leviathan et al.'s
 #: expected speedup ``(1 - a^(k+1)) / ((1 - a)(1 + k (c + 0.03)))`` at the acceptance rate a = 0.6 of sampled
 #: code is best at k = 2 for an eager drafter (c = 0.2) and flat over k = 3-5 at c = 0.05, where k = 1 loses
@@ -176,7 +186,7 @@ TOKEN_LEVEL_FLOORS: dict[str, int] = {"eager": 1, "float32": 1, "int8": 3, "int8
 def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assistant_tokens: int | None = None,
                     num_assistant_tokens_schedule: str | None = None,
                     assistant_confidence_threshold: float | None = None,
-                    verify_cost: float = VERIFY_COST) -> Schedule:
+                    verify_cost: float = VERIFY_COST, sample: bool = False) -> Schedule:
     """The draft-length schedule from the user's explicit settings, else the algorithm's default.
 
     ``num_assistant_tokens`` alone: drafts of exactly that many drafter tokens; a heuristic
@@ -189,7 +199,8 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     (``verify_cost``, :func:`verify_cost`, more than twice the tuning machine's cost per draft token), SLEM's
     joint cut-off rises to ``c + v`` and TLI/SLRS start from one token with a floor of one. SLEM's default
     also drafts sibling branches whose drafter-estimated chance is at least ``v`` (``Schedule.sibling_min_joint``,
-    :mod:`hf_hetspec.tree`), none where verification is dear. The confidence
+    :mod:`hf_hetspec.tree`), none where verification is dear, from :data:`SIBLING_RUNNER_UPS` runner-ups per
+    position (``sample``: the call samples). The confidence
     stop measured slower for token-level drafts (SmolLM2, T=1: 1.06x vs 1.26x; Gemma-3 greedy TLI 0.87x): a
     drafter token the target would tokenize differently is rejected however sure the drafter is.
 
@@ -219,7 +230,8 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
         # a sibling branch costs only its tokens in the verification: worth it while its chance exceeds v
         siblings = 0.0 if dear else verify_cost
         return Schedule(default.max_lookahead, False, DraftStop(min_confidence, min_joint), context_lookup=True,
-                        back_off=True, sibling_min_joint=siblings)
+                        back_off=True, sibling_min_joint=siblings,
+                        sibling_runner_ups=SIBLING_RUNNER_UPS["sampled" if sample else "greedy"])
     if dear:
         return Schedule(1, True, DraftStop(min_confidence), 1, context_lookup=True, back_off=True)
     return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence), TOKEN_LEVEL_FLOORS[drafter_runtime],

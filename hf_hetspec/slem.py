@@ -22,20 +22,14 @@ def greedy_select(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(dim=-1, keepdim=True), None
 
 
-#: Runner-ups per draft position that may become sibling branches (the drafter's 2nd, 3rd, ... choices). Two
-#: (2nd and 3rd) raised target tokens per forward on 2 of 8 tuning-half prompts with 50% more tree nodes, a
-#: speedup within run-to-run noise (docs/results.md, 2026-12-02 evening): one until measured better.
-RUNNER_UPS = 1
-
-
 class RunnerUps:
     """A drafter selector (:meth:`~hf_hetspec.drafter.DrafterContext.draft`) that drafts the argmax, as
     :func:`greedy_select`, and keeps, per drafted position, the chosen token's probability and the next
-    ``count`` tokens (default :data:`RUNNER_UPS`) with their probabilities, for sibling branches
-    (:mod:`hf_hetspec.tree`)."""
+    ``count`` tokens with their probabilities, for sibling branches (:mod:`hf_hetspec.tree`;
+    ``Schedule.sibling_runner_ups``)."""
 
-    def __init__(self, count: int | None = None):
-        self.count = RUNNER_UPS if count is None else count
+    def __init__(self, count: int = 1):
+        self.count = count
         self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -60,19 +54,21 @@ class SLEMProposer(HeterogeneousProposer):
         sibling_min_joint: when positive, drafts also carry sibling branches (the drafter's runner-up at a
             draft position, :meth:`_siblings`) whose drafter-estimated chance reaches it; the loop verifies
             them as a tree when it can (:mod:`hf_hetspec.tree`). ``Schedule.sibling_min_joint``.
+        runner_ups: the drafter's runner-ups per position that may become siblings (``Schedule.sibling_runner_ups``).
         other arguments: as :class:`~hf_hetspec.proposer.HeterogeneousProposer`.
     """
 
     def __init__(self, target_vocab, drafter, drafter_vocab, input_ids, *, window: int = 4,
-                 sibling_min_joint: float = 0.0, **kwargs):
+                 sibling_min_joint: float = 0.0, runner_ups: int = 1, **kwargs):
         super().__init__(target_vocab, drafter, drafter_vocab, input_ids, window=window, **kwargs)
         self.sibling_min_joint = sibling_min_joint
+        self.runner_ups = runner_ups
         self.converter = TextWindowConverter(target_vocab, window)
         # a special drafter token ends the draft; its target counterpart (by role or content) is proposed
         self.special_to_target = dict(special_token_pairs(target_vocab, drafter_vocab))
 
     def _propose(self, budget: int) -> Draft:
-        runner_ups = RunnerUps() if self.sibling_min_joint > 0 else None
+        runner_ups = RunnerUps(self.runner_ups) if self.sibling_min_joint > 0 else None
         select = greedy_select if runner_ups is None else runner_ups.select
         with self.stats.timer("drafter_s"):
             # not capped by the budget: a target token can take several drafter tokens to spell
@@ -85,7 +81,7 @@ class SLEMProposer(HeterogeneousProposer):
 
     def _siblings(self, drafted: list[int], runner_ups: "RunnerUps", budget: int) -> list[list[int]]:
         """Target ids of the sibling branches (:mod:`hf_hetspec.tree`): for each draft position ``i`` and each of
-        the drafter's runner-ups there (:data:`RUNNER_UPS`) whose estimate that the chain's first ``i`` tokens
+        the drafter's ``runner_ups`` runner-ups there whose estimate that the chain's first ``i`` tokens
         and then that runner-up are what the target writes (the product of the chosen tokens' probabilities
         before ``i``, times the runner-up's) is at least ``sibling_min_joint``, the text of ``drafted[:i]``
         plus the runner-up, re-tokenized like the chain."""

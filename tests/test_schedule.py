@@ -46,6 +46,8 @@ def test_the_adaptive_rule_is_transformers_heuristic():
     (Schedule(4, False), {"num_assistant_tokens": 3}, ValueError, "`num_assistant_tokens`: pass one of them"),
     (Schedule(4, False, sibling_min_joint=1.0), {}, ValueError, "sibling_min_joint=1.0"),
     (Schedule(4, False, sibling_min_joint=True), {}, ValueError, "sibling_min_joint=True"),
+    (Schedule(4, False, sibling_runner_ups=0), {}, ValueError, "sibling_runner_ups=0"),
+    (Schedule(4, False, sibling_runner_ups=True), {}, ValueError, "sibling_runner_ups=True"),
 ])
 def test_check_schedule_refuses(value, settings, error, match):
     with pytest.raises(error, match=match):
@@ -81,4 +83,7 @@ def test_slems_default_drafts_siblings_worth_their_verification():
     assert choose_schedule("slem", verify_cost=VERIFY_COSTS["cpu-float32"]).sibling_min_joint == 0.10
     assert choose_schedule("slem", verify_cost=VERIFY_COSTS["cpu-emulated-half"]).sibling_min_joint == 0.0
     assert choose_schedule("tli").sibling_min_joint == 0.0
+    # runner-ups per position: more where the target samples (SIBLING_RUNNER_UPS)
+    assert choose_schedule("slem").sibling_runner_ups == 1
+    assert choose_schedule("slem", sample=True).sibling_runner_ups == 2
     assert choose_schedule("slem", num_assistant_tokens=4).sibling_min_joint == 0.0

@@ -111,14 +111,11 @@ def test_siblings_are_the_drafters_runner_ups_retokenized_for_the_target(toy_pai
 def test_each_runner_up_likely_enough_becomes_a_sibling(toy_pair, monkeypatch):
     """With two runner-ups per position, the 2nd and 3rd choices at the second word both become siblings when
     their estimates reach the cut-off; the 3rd is dropped when it does not."""
-    from hf_hetspec import slem
-
-    monkeypatch.setattr(slem, "RUNNER_UPS", 2)
     chosen = _drafter_ids(toy_pair, " the cat")
     second, third = _drafter_ids(toy_pair, " d")[0], _drafter_ids(toy_pair, " b")[0]
     for cut_off, expected in ((0.1, [" the d", " the b"]), (0.3, [" the d"])):
         proposer = _slem(toy_pair, lookahead=3)
-        proposer.sibling_min_joint = cut_off
+        proposer.sibling_min_joint, proposer.runner_ups = cut_off, 2
         script = iter(range(len(chosen)))
 
         def forward(feed):
