@@ -89,6 +89,9 @@ def test_the_plan_takes_the_schedule_of_the_runtime_auto_resolves_to(toy_pair, m
     assert decided.schedule == choose_schedule("slem", drafter_runtime="int8-static", verify_cost=v)
     monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 10**12)
     assert plan.make_plan(toy_pair.target, call, kwargs, args).schedule == choose_schedule("slem", verify_cost=v)
+    # and that of the call's kind: a sampled call's SLEM verifies more runner-ups per position
+    sampled = plan.make_plan(toy_pair.target, call, dict(kwargs, do_sample=True), args).schedule
+    assert sampled == choose_schedule("slem", verify_cost=v, sample=True) and sampled.sibling_runner_ups == 2
 
 
 def test_explicit_schedules():
