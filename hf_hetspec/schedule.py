@@ -171,8 +171,8 @@ SLEM_DEFAULTS: dict[str, SlemDefault] = {
 #: greedy and sampled calls. A sampled target spreads its choice over more tokens, so the drafter's 3rd choice is
 #: worth verifying more often: at T=1, two runner-ups ran 1.52x the target alone against 1.42x for one (12
 #: Spec-Bench prompts of the tuning half, interleaved; target tokens per forward higher on 8, equal on 4), while
-#: greedy two were within noise of one (tokens per forward up on 2 of 8 prompts, trees half again as large;
-#: docs/results.md, 2026-12-02).
+#: greedy, on the same prompts, two ran 1.70x against 1.71x (tokens per forward up on 6, trees 60% larger;
+#: docs/results.md, 2026-12-02 night).
 SIBLING_RUNNER_UPS: dict[str, int] = {"greedy": 1, "sampled": 2}
 #: TLI's and SLRS's default floor of the +2/-1 lookahead schedule per drafter runtime. Leviathan et al.'s
 #: expected speedup ``(1 - a^(k+1)) / ((1 - a)(1 + k (c + 0.03)))`` at the acceptance rate a = 0.6 of sampled
