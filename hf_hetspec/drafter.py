@@ -297,7 +297,7 @@ class DrafterContext:
     def draft(
         self,
         n_tokens: int,
-        select: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+        select: Callable[[torch.Tensor], tuple],
         stop: DraftStop | None = None,
     ) -> DrafterSteps:
         """Extend the sequence by up to ``n_tokens`` drafter tokens chosen by ``select``.
@@ -308,7 +308,9 @@ class DrafterContext:
                 rows of the LM head cut off; ``(1, R)`` after :meth:`restrict_head`) to the chosen column
                 (``torch.LongTensor`` of shape ``(1, 1)``) and the distribution it was drawn from (``(1, C)``,
                 or ``None`` for a deterministic choice), on the drafter's device; the column is the drafter
-                token id, or indexes the kept rows after :meth:`restrict_head`.
+                token id, or indexes the kept rows after :meth:`restrict_head`. A selector that has computed
+                the chosen token's probability anyway may return it as a third element (``(1, 1)``): the
+                stop then uses it instead of a softmax of its own.
             stop: ends the draft early from the drafter's confidence (:class:`DraftStop`); ``None`` or a
                 disabled stop drafts ``n_tokens``. Costs one host sync per token when enabled.
 
@@ -323,13 +325,15 @@ class DrafterContext:
         chosen, probs, joint = [], [], 1.0
         for i in range(n_tokens):
             logits = self._forward(feed)
-            column, q = select(logits)
+            picked = select(logits)
+            column, q = picked[0], picked[1]
             if q is not None:
                 probs.append(q)
             feed = column if self.head is None else self.head.rows[column]
             chosen.append(feed)
             if stop is not None and i + 1 < n_tokens:
-                confidence = float(logits.float().softmax(dim=-1).gather(-1, column))
+                chosen_p = picked[2] if len(picked) > 2 else logits.float().softmax(dim=-1).gather(-1, column)
+                confidence = float(chosen_p)
                 joint *= confidence
                 if stop.ends(confidence, joint):
                     break

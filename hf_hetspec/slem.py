@@ -32,10 +32,10 @@ class RunnerUps:
         self.count = count
         self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
         probs, ids = logits.float().softmax(dim=-1).topk(1 + self.count, dim=-1)  # [1, 1 + count] each
         self._top.append((probs, ids))
-        return ids[:, :1], None
+        return ids[:, :1], None, probs[:, :1]  # the chosen token's probability, for the draft's confidence stop
 
     def values(self) -> tuple[list[float], list[list[int]], list[list[float]]]:
         """Per drafted position: the chosen token's probability, the runner-up ids (best first), their

@@ -108,6 +108,25 @@ def test_siblings_are_the_drafters_runner_ups_retokenized_for_the_target(toy_pai
     assert proposer.context.draft_ids == chosen
 
 
+def test_runner_ups_report_the_confidence_the_stop_would_compute(toy_pair):
+    """RunnerUps hands the draft's confidence stop the chosen token's probability it computed anyway: the
+    drafts end where they end with the argmax selector, whose confidence the context computes itself."""
+    from hf_hetspec.drafter import DraftStop
+    from hf_hetspec.slem import RunnerUps, greedy_select
+
+    prompt = toy_pair.target_tokenizer(PROMPT, return_tensors="pt").input_ids
+    lengths = {}
+    for name in ("argmax", "runner-ups"):
+        for min_joint in (0.999, 0.99, 0.97):  # the toy drafter is sure of each token: 0.98-0.998
+            proposer = _slem(toy_pair)
+            proposer.propose(prompt)  # the context follows the prompt
+            select = greedy_select if name == "argmax" else RunnerUps(2).select
+            steps = proposer.context.draft(8, select, DraftStop(min_joint=min_joint))
+            lengths.setdefault(name, []).append(steps.ids)
+    assert lengths["argmax"] == lengths["runner-ups"]
+    assert len({len(ids) for ids in lengths["argmax"]}) > 1  # the cut-offs end the drafts at different lengths
+
+
 def test_each_runner_up_likely_enough_becomes_a_sibling(toy_pair, monkeypatch):
     """With two runner-ups per position, the 2nd and 3rd choices at the second word both become siblings when
     their estimates reach the cut-off; the 3rd is dropped when it does not."""
