@@ -635,8 +635,8 @@ def check_schedule(schedule, explicit: dict) -> Schedule:
         TypeError: not a :class:`Schedule`.
         ValueError: a lookahead or floor below 1, a cut-off outside ``[0, 1)``, ``context_lookup`` or
             ``back_off`` not a bool, a ``cost_ratio`` or ``sibling_min_joint`` outside ``[0, 1)``,
-            ``sibling_runner_ups`` below 1, or
-            transformers' schedule settings given too (one of the two would be silently dropped).
+            ``sibling_runner_ups`` not an integer >= 1, or transformers' schedule settings given too (one of the
+            two would be silently dropped).
     """
     if not isinstance(schedule, Schedule):
         raise TypeError(f"hetspec_schedule must be an hf_hetspec.Schedule, got {type(schedule).__name__}.")

@@ -297,7 +297,8 @@ class DrafterContext:
     def draft(
         self,
         n_tokens: int,
-        select: Callable[[torch.Tensor], tuple],
+        select: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]
+                         | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]],
         stop: DraftStop | None = None,
     ) -> DrafterSteps:
         """Extend the sequence by up to ``n_tokens`` drafter tokens chosen by ``select``.
