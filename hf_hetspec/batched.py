@@ -61,7 +61,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from .compat import cache_kwargs, output_cache_kwargs
 from .decoding import _process
-from .drafter import model_device, rollback_cache
+from .drafter import batch_rows, model_device, rollback_cache
 from .proposer import Draft, Proposer
 from .schedule import VERIFY_COST, VERIFY_COSTS
 from .stats import DecodingStats
@@ -261,9 +261,10 @@ def batched_generate(
 
     padded = [ids[r : r + 1] for r in range(rows)]  # each row as transformers' batched generate shows it
     proposers = []
-    for r in range(rows):
-        prompt = ids[r : r + 1, mask[r].bool()]  # [1, n_r] the row alone
-        proposers.append(make_proposer(prompt, generation_config.max_length - (n - prompt.shape[1])))
+    with batch_rows():  # each row's drafter context gets a cache of its own
+        for r in range(rows):
+            prompt = ids[r : r + 1, mask[r].bool()]  # [1, n_r] the row alone
+            proposers.append(make_proposer(prompt, generation_config.max_length - (n - prompt.shape[1])))
     generated: list[list[int]] = [[] for _ in range(rows)]
     active = list(range(rows))  # output row of each row in the batch state
     state = BatchState(slot_mask=mask.new_zeros(rows, 0), feed_ids=ids, feed_mask=mask, feed_positions=positions)

@@ -11,10 +11,12 @@ remainder -- the drafter's context is never re-encoded as a whole (Timor et al. 
 from __future__ import annotations
 
 import bisect
+import contextvars
 import inspect
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -48,6 +50,22 @@ def max_positions(model: PreTrainedModel) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+_BATCH_ROWS = contextvars.ContextVar("hf_hetspec_batch_rows", default=False)
+
+
+@contextmanager
+def batch_rows() -> Iterator[None]:
+    """Drafter contexts made inside this block are rows of one batch (:mod:`hf_hetspec.batched`): each gets a
+    KV cache of its own, even from a drafter whose compiled step keeps one cache per drafter
+    (:meth:`hf_hetspec.static_drafter.StaticCacheDecoder.new_cache`): rows sharing it would overwrite each
+    other's keys and values (their drafts, never their outputs, would suffer)."""
+    token = _BATCH_ROWS.set(True)
+    try:
+        yield
+    finally:
+        _BATCH_ROWS.reset(token)
 
 
 def rollback_cache(cache: DynamicCache, length: int) -> None:
@@ -209,6 +227,7 @@ class DrafterContext:
         self.n_synced = len(prompt_ids)
         self.synced_len = 0
         self.converter = TextWindowConverter(vocab, window)
+        self.own_cache = _BATCH_ROWS.get()  # a row of a batch (batch_rows): never a cache shared per drafter
         # padded rows of the LM head are no tokens: never draft them
         self.n_tokens = len(vocab.tokenizer)
         self.cache = self._new_cache()
@@ -229,9 +248,10 @@ class DrafterContext:
         shape error in attention once the context passes the window, e.g. Gemma-3's 512 tokens); for such
         models every layer keeps its whole past instead -- the model's sliding-window mask still applies, so
         the logits are the same. A drafter run by hf_hetspec's own step brings its preallocated cache
-        (:class:`~hf_hetspec.static_drafter.StaticKVCache`)."""
+        (:class:`~hf_hetspec.static_drafter.StaticKVCache`); a row of a batch (:func:`batch_rows`) gets one of its
+        own, run by the eager step, where the step is compiled (whose cache is one per drafter)."""
         if isinstance(self.model, StaticCacheDrafter):
-            return self.model.new_cache()
+            return self.model.model.temporary_cache() if self.own_cache else self.model.new_cache()
         cache = DynamicCache(config=self.model.config)
         if any(is_state_layer(layer) for layer in cache.layers):
             # recurrent drafters (Mamba, Jamba, ...): rolled back from state snapshots, see hf_hetspec.recurrent

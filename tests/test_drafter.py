@@ -115,3 +115,34 @@ def test_property_drafter_context_never_drifts(byte_tables, prompt, chunks, data
             assert (expected + accepted).endswith(vocab.ids_to_bytes(ctx.ids[ctx.n_sink : ctx.n_synced]))
             assert ctx.n_synced <= ctx.capacity - ctx.reserve
         assert ctx.ids == ctx.ids[: ctx.n_synced]  # nothing left of the draft after a sync
+
+
+def test_rows_of_a_batch_keep_their_own_cache_where_the_drafter_step_is_compiled(toy_sp_tokenizer):
+    """A compiled drafter step keeps one KV cache per drafter (its addresses are compiled in), which one decoding
+    at a time reuses; the rows of a batch each get a cache of their own (batch_rows), so that one row's steps
+    never overwrite another's keys: every row's logits stay those of the drafter over that row's ids."""
+    from hf_hetspec import static_drafter
+    from hf_hetspec.drafter import batch_rows
+    from transformers import LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(toy_sp_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    step, why = static_drafter.build(model, None)
+    assert step is not None, why
+    step.model.compile_step(None, compile=False)  # the compiled step's one cache, without a compiler
+    vocab = Vocabulary.from_tokenizer(toy_sp_tokenizer)
+    prompts = [toy_sp_tokenizer("def f(x):\n    return x").input_ids, toy_sp_tokenizer("print('hello')").input_ids]
+    outside = [DrafterContext(step, vocab, p) for p in prompts]
+    assert outside[0].cache is outside[1].cache  # one decoding at a time: the compiled step's own cache
+    with batch_rows():
+        rows = [DrafterContext(step, vocab, p) for p in prompts]
+    assert rows[0].cache is not rows[1].cache
+    for turn in range(3):  # the rows step in turn, as a batch's proposers do
+        for row in rows:
+            got = row.next_logits()
+            with torch.no_grad():
+                expected = model(torch.tensor([row.ids])).logits[:, -1]
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+            row.append_id(3 + turn)
