@@ -1,6 +1,6 @@
-"""SLEM with and without sibling branches (``Schedule.sibling_min_joint``, hf_hetspec/tree.py), interleaved per
-prompt against the target alone: the default schedule of the drafter runtime that runs, with only the sibling
-cut-off changed (0 = chains only).
+"""Drafts with and without sibling branches (``Schedule.sibling_min_joint``, hf_hetspec/tree.py), interleaved per
+prompt against the target alone: SLEM's (or ``--algorithm`` TLI's or SLRS's argmax drafts), the default
+schedule of the drafter runtime that runs, with only the sibling cut-off changed (0 = chains only).
 
     python benchmarks/sibling_drafts.py --tasks translation qa mt_bench math_reasoning rag summarization \\
         --prompts 2 --half tune --cut-offs 0 0.01 0.03 [--runner-ups 1 2] [--temperature 0] [--threads 1]
@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--runner-ups", type=int, nargs="+", default=None,
                         help="Schedule.sibling_runner_ups values to run each cut-off with (runner-ups per draft "
                              "position; default: the call's default schedule's)")
+    parser.add_argument("--algorithm", default="slem", choices=["slem", "tli", "slrs"],
+                        help="the algorithm whose drafts carry the siblings (TLI, SLRS: beside their argmax drafts)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -48,7 +50,7 @@ def main() -> None:
     drafter, dtok = zoo.load("smollm2-135m-instruct", dtype=torch.bfloat16)
     runtime = prepare_drafter(drafter, "auto").runtime  # made once, before any timed call
     sample = args.temperature > 0
-    base = choose_schedule("slem", drafter_runtime=runtime, sample=sample)
+    base = choose_schedule(args.algorithm, drafter_runtime=runtime, sample=sample)
     runner_ups = args.runner_ups or [base.sibling_runner_ups]
     prompts, _ = load_prompts(args.tasks, {t: args.prompts for t in args.tasks}, DEFAULT_SPEC_BENCH, "local",
                               (False, "local files"), half=args.half)
@@ -75,7 +77,8 @@ def main() -> None:
             schedule = dataclasses.replace(base, sibling_min_joint=cut_off, sibling_runner_ups=count)
             start = time.perf_counter()
             out = target.generate(ids, assistant_model=drafter, tokenizer=ttok, assistant_tokenizer=dtok,
-                                  hetspec_algorithm="slem", hetspec_schedule=schedule, hetspec_generator=seeded(),
+                                  hetspec_algorithm=args.algorithm, hetspec_schedule=schedule,
+                                  hetspec_generator=seeded(),
                                   **kw)
             seconds = time.perf_counter() - start
             stats = hf_hetspec.last_stats(target)

@@ -365,8 +365,9 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
         generation_config: the config transformers decodes with (its ``max_length`` is final).
         stats: the call's statistics.
         generator: the call's ``hetspec_generator`` (the drafter's own generator is seeded from it).
-        tree: the loop verifies draft trees (:mod:`hf_hetspec.tree`, one row): SLEM then drafts sibling
-            branches by the schedule's ``sibling_min_joint`` and ``sibling_runner_ups``.
+        tree: the loop verifies draft trees (:mod:`hf_hetspec.tree`, one row): SLEM's drafts and TLI's and
+            SLRS's argmax drafts then carry sibling branches by the schedule's ``sibling_min_joint`` and
+            ``sibling_runner_ups``.
     """
     common = dict(
         schedule=plan.schedule,
@@ -385,6 +386,8 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
         generator=_drafter_generator(generator, model_device(drafter)),
         target_eos_ids=_eos_ids(generation_config),
     )
+    common.update(sibling_min_joint=plan.schedule.sibling_min_joint if tree else 0.0,
+                  runner_ups=plan.schedule.sibling_runner_ups)
     if plan.algorithm == "slrs":
         proposer = SLRSProposer(*args, prefix_map=plan.prefix_map, target_size=len(plan.target_vocab), **common)
     else:

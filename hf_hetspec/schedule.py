@@ -80,7 +80,8 @@ class Schedule:
             after the chain's tokens before it, when the drafter's estimate that this branch is what the target
             writes reaches this value; the target verifies the chain and its siblings as one tree
             (:mod:`hf_hetspec.tree`). A sibling costs no drafter step, only its tokens in the verification
-            (``v`` each), so it pays while its chance exceeds about ``v``. 0 disables.
+            (``v`` each), so it pays while its chance exceeds about ``v``. 0 disables. TLI and SLRS draft them
+            beside argmax drafts by the same rule (their default schedule has 0: measured no faster).
         sibling_runner_ups: how many of the drafter's runner-ups per draft position (its 2nd, 3rd, ... choices)
             may become siblings, each by the ``sibling_min_joint`` rule (>= 1).
     """

@@ -33,7 +33,8 @@ class RunnerUps:
         self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
-        probs, ids = logits.float().softmax(dim=-1).topk(1 + self.count, dim=-1)  # [1, 1 + count] each
+        top = min(1 + self.count, logits.shape[-1])
+        probs, ids = logits.float().softmax(dim=-1).topk(top, dim=-1)  # [1, 1 + count] each
         self._top.append((probs, ids))
         return ids[:, :1], None, probs[:, :1]  # the chosen token's probability, for the draft's confidence stop
 

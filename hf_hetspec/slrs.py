@@ -118,7 +118,7 @@ class SLRSProposer(TokenLevelProposer):
         if self.policy.sample:
             d = int(torch.multinomial(q[0], 1, generator=self.generator))
             return DraftStep(self.map_list[d], d, psi)
-        t = int(psi[0].argmax())
+        t = int(self._argmax(psi))  # with sibling branches, psi's runner-ups are kept (TokenLevelProposer)
         return DraftStep(t, self.continuation_id(logits, t), psi)
 
     def _continue(self, step: DraftStep) -> bool:

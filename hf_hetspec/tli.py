@@ -41,9 +41,13 @@ class TLIProposer(TokenLevelProposer):
 
     def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's choice from its next-token logits (``(1, C)``): the argmax over the intersection
-        (no distribution), or a sample of ``q`` with ``q`` itself (``(1, C)``), as the policy says."""
+        (no distribution; with sibling branches, its runner-ups are kept, :meth:`_argmax`), or a sample of ``q``
+        with ``q`` itself (``(1, C)``), as the policy says."""
         if not self.policy.sample:
-            return self.restrict(None, logits).argmax(dim=-1, keepdim=True), None
+            restricted = self.restrict(None, logits)
+            if self.sibling_min_joint <= 0:
+                return restricted.argmax(dim=-1, keepdim=True), None
+            return self._argmax(restricted.float().softmax(dim=-1), self.map), None
         q = self.drafter_distribution(logits)
         return torch.multinomial(q, 1, generator=self.generator), q
 

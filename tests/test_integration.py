@@ -20,6 +20,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_hetspec
 from hf_hetspec.compat import cache_argument, cache_from_kwargs, output_cache, output_cache_kwargs
+from hf_hetspec.schedule import choose_schedule
 from hf_hetspec.tools.runner import count_forwards
 from hf_hetspec.testing.toy import tiny_causal_lm
 from conftest import ForwardCounter
@@ -82,6 +83,25 @@ def test_greedy_identical_to_target_alone_on_toy_pairs(request, pair_name, algor
     # SLEM's default verifies the drafter's runner-ups as sibling branches (hf_hetspec.tree): exercised here
     assert (sum(s.tree_rounds for s in stats) > 0) == (algorithm == "slem")
     _check_greedy(pair, EDGE_PROMPTS, algorithm=algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slrs"])
+@pytest.mark.parametrize("pair_name", ["toy_pair", "toy_pair_reversed"])
+def test_greedy_token_level_drafts_with_sibling_branches_are_the_target_alones(request, pair_name, algorithm):
+    """TLI's and SLRS's argmax drafts with the drafter's runner-ups as sibling branches, verified as one tree:
+    the target's own greedy output, with trees verified and siblings taken."""
+    pair = request.getfixturevalue(pair_name)
+    schedule = dataclasses.replace(choose_schedule(algorithm), sibling_min_joint=0.001, sibling_runner_ups=2)
+    trees = siblings = 0
+    for text in pair.prompts:
+        ids = _ids(pair, text)
+        ref = _reference(pair, ids, max_new_tokens=40, do_sample=False)
+        out = _hetspec(pair, ids, max_new_tokens=40, do_sample=False, hetspec_algorithm=algorithm,
+                       hetspec_schedule=schedule)
+        assert out.tolist() == ref.tolist(), text
+        trees += hf_hetspec.last_stats(pair.target).tree_rounds
+        siblings += hf_hetspec.last_stats(pair.target).sibling_rounds
+    assert trees > 0 and siblings > 0, (trees, siblings)
 
 
 REAL = ["qwen2.5-coder", "smollm2", "gemma3"]

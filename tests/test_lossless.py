@@ -28,6 +28,7 @@ setting on two pairs, every pair with every setting), the other 36 are marked ``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -40,7 +41,7 @@ import hf_hetspec.decoding
 import hf_hetspec.verify
 from hf_hetspec.intersection import push_forward
 from hf_hetspec.plan import DEFAULT_DRAFT_TEMPERATURE
-from hf_hetspec.schedule import DEFAULT_LOOKAHEAD
+from hf_hetspec.schedule import DEFAULT_LOOKAHEAD, choose_schedule
 from hf_hetspec.proposer import TokenLevelProposer
 from hf_hetspec.slrs import SLRSProposer
 from hf_hetspec.testing import (
@@ -365,6 +366,46 @@ def test_other_algorithms_are_lossless(request, algorithm, pair_name):
     _assert_passes(report)
     if pair_name == "toy_pair":
         assert report.acceptance_rate > 0
+
+
+#: TLI's argmax drafts with sibling branches (the toy drafter is sure of its argmax, 0.98-0.998: a low cut-off
+#: lets its runner-ups in).
+TLI_SIBLINGS = dict(hetspec_schedule=dataclasses.replace(choose_schedule("tli", sample=True), sibling_min_joint=1e-6,
+                                                         sibling_runner_ups=8))
+
+
+class _TreeWalks:
+    """Spy on the tree walks of a test: how many trees were verified and how many walks left the chain."""
+
+    def __init__(self, monkeypatch, walk=None):
+        self.trees = self.left_chain = 0
+        walk = walk or hf_hetspec.decoding.walk_tree
+
+        def spy(tree, choose):
+            path, tokens = walk(tree, choose)
+            self.trees += 1
+            self.left_chain += int(path != list(range(len(path))))
+            return path, tokens
+
+        monkeypatch.setattr(hf_hetspec.decoding, "walk_tree", spy)
+
+
+def test_tli_with_sibling_branches_is_lossless(toy_pair, monkeypatch):
+    """TLI's argmax drafts of a sampled call with the drafter's runner-ups as sibling branches, verified as one
+    tree by exact-match sampling: the target's exact distribution, with samples that took a sibling."""
+    walks = _TreeWalks(monkeypatch)
+    report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=400, **TLI_SIBLINGS, **T1)
+    _assert_passes(report)
+    print("trees", walks.trees, "left the chain", walks.left_chain)
+    assert walks.trees > 0 and walks.left_chain > 0, (walks.trees, walks.left_chain)
+
+
+def test_rejects_tli_trees_walked_along_the_first_child(toy_pair, monkeypatch):
+    """BROKEN: the walk over TLI's draft tree follows each node's first child whatever the target sampled."""
+    walks = _TreeWalks(monkeypatch, walk=_walk_accepting_every_draft)
+    report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=200, **TLI_SIBLINGS, **T1)
+    assert walks.trees > 0
+    _assert_rejected(report)
 
 
 @pytest.mark.parametrize("draft_temperature", [0.0, 0.5])

@@ -18,11 +18,12 @@ def _prompt_ids(pair) -> torch.LongTensor:
     return pair.target_tokenizer(pair.prompts[0], return_tensors="pt").input_ids
 
 
-def _greedy_slrs(pair) -> SLRSProposer:
+def _greedy_slrs(pair, lookahead: int = 1, **kwargs) -> SLRSProposer:
     target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
     return SLRSProposer(target_vocab, pair.drafter, drafter_vocab, _prompt_ids(pair),
                         prefix_map=prefix_map_for(target_vocab, drafter_vocab), target_size=len(target_vocab),
-                        policy=DraftPolicy(), schedule=Schedule(1, False), max_length=64, stats=DecodingStats())
+                        policy=DraftPolicy(), schedule=Schedule(lookahead, False), max_length=64,
+                        stats=DecodingStats(), **kwargs)
 
 
 def _duplicate_spelling(proposer: SLRSProposer) -> tuple[int, int, int]:
@@ -70,3 +71,24 @@ def test_the_exact_spellings_are_kept_for_the_last_pairs_only(monkeypatch):
         drafter = SimpleNamespace(digest=f"d{i}", token_bytes=[b"a", b"ab", b"b"])
         assert slrs._exact_drafter_ids(target, drafter, [0, 0, 1]) == {0: [0], 1: [2]}
     assert len(slrs._EXACT_CACHE) == intersection.MEMORY_PAIRS
+
+
+@pytest.mark.parametrize("cut_off,expected", [
+    (0.3, [["T"]]),                  # psi(T) = 0.25 + 0.15 = 0.4 at position 0; 0.6 x 0.4 = 0.24 at position 1
+    (0.2, [["T"], ["Ġthe", "T"]]),
+])
+def test_greedy_slrs_drafts_the_runner_ups_of_psi_as_sibling_branches(toy_pair, monkeypatch, cut_off, expected):
+    """Beside its argmax-psi draft ``Ġthe Ġthe``, greedy SLRS drafts psi's runner-up as a sibling branch where
+    its estimate (the draft's tokens before it times the runner-up's psi) reaches the cut-off: ``T`` gets the
+    probability of both drafter spellings of it (``T`` 0.25 and ``<0x54>`` 0.15), which neither alone reaches."""
+    import math
+
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    proposer = _greedy_slrs(toy_pair, 2, sibling_min_joint=cut_off, runner_ups=2)
+    logits = torch.full((1, proposer.context.n_tokens), -40.0)
+    for piece, p in (("▁the", 0.6), ("T", 0.25), ("<0x54>", 0.15)):
+        logits[0, d.convert_tokens_to_ids(piece)] = math.log(p)
+    monkeypatch.setattr(proposer.context, "next_logits", lambda: logits)
+    draft = proposer.propose(_prompt_ids(toy_pair))
+    assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] * 2 and draft.q is None
+    assert draft.branches == [t.convert_tokens_to_ids(branch) for branch in expected]

@@ -83,6 +83,33 @@ def test_a_greedy_draft_in_a_sampled_call_comes_without_a_dense_q(toy_pair, monk
     assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] and draft.q is None
 
 
+@pytest.mark.parametrize("cut_off,expected", [
+    (0.05, [["T"], ["Ġthe", "T"]]),  # position 1: 2/3 (the first token) x 1/3 (the runner-up) = 0.22
+    (0.25, [["T"]]),                 # 0.22 < 0.25: only position 0's runner-up (1/3)
+    (0.0, []),                       # no siblings
+])
+def test_greedy_tli_drafts_its_runner_ups_over_the_intersection_as_sibling_branches(toy_pair, monkeypatch, cut_off,
+                                                                                     expected):
+    """Beside its argmax draft ``Ġthe Ġthe``, TLI drafts the drafter's runner-up over the intersection (``T``,
+    1/3 after ``<start_of_turn>``, which has no target counterpart, is masked) at each position whose estimate
+    (the draft's tokens before it times the runner-up's probability) reaches the cut-off; the 3rd choice (every
+    other token, e^-30) never does."""
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    proposer = _tli(toy_pair, 2, policy=DraftPolicy(), sibling_min_joint=cut_off, runner_ups=2)
+    _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("<start_of_turn>"): 9.0,
+                                            d.convert_tokens_to_ids("▁the"): math.log(2.0),
+                                            d.convert_tokens_to_ids("T"): math.log(1.0)})
+    draft = proposer.propose(_prompt(toy_pair))
+    assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] * 2 and draft.q is None
+    assert draft.branches == [t.convert_tokens_to_ids(branch) for branch in expected]
+
+
+def test_tli_drafts_no_siblings_beside_a_draft_handed_over_with_its_q(toy_pair):
+    """A sampled draft with its ``q`` is verified by speculative sampling as a chain: no sibling branches."""
+    proposer = _tli(toy_pair, 2, policy=DraftPolicy(sample=True, needs_q=True), sibling_min_joint=0.05)
+    assert proposer.sibling_min_joint == 0.0
+
+
 def test_a_draft_policy_that_hands_over_q_must_sample():
     with pytest.raises(ValueError, match="needs_q"):
         DraftPolicy(needs_q=True)
