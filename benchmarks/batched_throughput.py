@@ -22,7 +22,8 @@ The lead's measurement (issue #28: >= 1.3x at B = 4 and never below the target a
 
 (``--budgets 1000000`` never backs off: it shows what drafting at every batch size would give, which is what
 the constant is tuned from; ``--offset 4`` takes the next four prompts, to report on prompts the tuning did not
-see.) ``--smoke`` runs the same code on the tiny toy pair of ``hf_hetspec.testing`` in seconds (no model
+see.) ``--smoke`` runs the same code on the tiny toy pair of ``hf_hetspec.testing`` in seconds (its prompts from
+``--offset`` on too; no model
 download; its numbers mean nothing).
 """
 
@@ -68,7 +69,9 @@ def load(args):
         from hf_hetspec.testing import toy
 
         pair = toy.correlated_pair(toy.byte_level_bpe_tokenizer(), toy.sentencepiece_bpe_tokenizer(), seed=0)
-        texts = [p if i % 2 == 0 else p.split()[0] for i, p in enumerate(pair.prompts * 4)]  # long and short
+        needed = args.offset + max(args.batch_sizes)
+        texts = [p if i % 2 == 0 else p.split()[0]  # long and short
+                 for i, p in enumerate(pair.prompts * (needed // len(pair.prompts) + 1))][args.offset : needed]
         rows = [pair.target_tokenizer(t).input_ids for t in texts]
         return pair.target, pair.target_tokenizer, pair.drafter, pair.drafter_tokenizer, rows
     from hf_hetspec.tools import zoo
