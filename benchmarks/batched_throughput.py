@@ -23,8 +23,7 @@ The lead's measurement (issue #28: >= 1.3x at B = 4 and never below the target a
 (``--budgets 1000000`` never backs off: it shows what drafting at every batch size would give, which is what
 the constant is tuned from; ``--offset 4`` takes the next four prompts, to report on prompts the tuning did not
 see.) ``--smoke`` runs the same code on the tiny toy pair of ``hf_hetspec.testing`` in seconds (its prompts from
-``--offset`` on too; no model
-download; its numbers mean nothing).
+``--offset`` on too; no model download; its numbers mean nothing).
 """
 
 from __future__ import annotations
