@@ -3,7 +3,8 @@ prompt against the target alone: SLEM's (or ``--algorithm`` TLI's or SLRS's argm
 schedule of the drafter runtime that runs, with only the sibling cut-off changed (0 = chains only).
 
     python benchmarks/sibling_drafts.py --tasks translation qa mt_bench math_reasoning rag summarization \\
-        --prompts 2 --half tune --cut-offs 0 0.01 0.03 [--runner-ups 1 2] [--temperature 0] [--threads 1]
+        --prompts 2 --half tune --cut-offs 0 0.01 0.03 [--runner-ups 1 2] [--temperature 0] [--seeds 3] \\
+        [--threads 1]
 
 Prints one line per prompt (seconds of the target alone; per cut-off: speedup, greedy verdict against the target
 alone (``compare_greedy``: identical, tie, different), target tokens per forward, tree rounds / forwards, sibling
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import statistics
 import time
@@ -42,6 +44,8 @@ def main() -> None:
     parser.add_argument("--algorithm", default="slem", choices=["slem", "tli", "slrs"],
                         help="the algorithm whose drafts carry the siblings (TLI, SLRS: beside their argmax drafts)")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="sampled calls: run every variant with seeds 0 .. N-1 (its text changes with the seed)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -58,9 +62,10 @@ def main() -> None:
     if sample:
         common["temperature"] = args.temperature
 
-    def seeded():
-        return torch.Generator().manual_seed(0) if sample else None
+    def seeded(seed):
+        return torch.Generator().manual_seed(seed) if sample else None
 
+    seeds = range(args.seeds if sample else 1)  # a sampled call's text, and so its speed, changes with the seed
     variants = [(c, r) for c in args.cut_offs for r in runner_ups]
     speedups = {v: [] for v in variants}
     for prompt in prompts:
@@ -73,13 +78,12 @@ def main() -> None:
         alone = time.perf_counter() - start
         hf_hetspec.enable(target)
         line = f"{prompt.task:14s} {prompt.prompt_id:16s} alone {alone:5.1f}s"
-        for cut_off, count in variants:
+        for seed, (cut_off, count) in itertools.product(seeds, variants):
             schedule = dataclasses.replace(base, sibling_min_joint=cut_off, sibling_runner_ups=count)
             start = time.perf_counter()
             out = target.generate(ids, assistant_model=drafter, tokenizer=ttok, assistant_tokenizer=dtok,
                                   hetspec_algorithm=args.algorithm, hetspec_schedule=schedule,
-                                  hetspec_generator=seeded(),
-                                  **kw)
+                                  hetspec_generator=seeded(seed), **kw)
             seconds = time.perf_counter() - start
             stats = hf_hetspec.last_stats(target)
             # sampled outputs differ by design: compare tokens/s there, greedy outputs token for token
@@ -87,13 +91,14 @@ def main() -> None:
             speedups[cut_off, count].append(ratio)
             verdict = "sampled" if sample else compare_greedy(target, ids, want, out).verdict
             label = f"{cut_off}" if len(runner_ups) == 1 else f"{cut_off}/{count}"
+            label += f" seed {seed}" if len(seeds) > 1 else ""
             line += (f" | {label}: {ratio:4.2f}x {verdict} tpf {stats.mean_accepted_per_forward:.2f} "
                      f"tree {stats.tree_rounds}/{stats.target_forwards} nodes {stats.tree_nodes} "
                      f"left {stats.sibling_rounds}")
         print(line, f"load {os.getloadavg()[0]:.2f}", flush=True)
     for (cut_off, count), values in speedups.items():
         print(f"cut-off {cut_off}, runner-ups {count}: geomean {statistics.geometric_mean(values):.3f}x "
-              f"over {len(values)} prompts")
+              f"over {len(values)} calls ({len(prompts)} prompts x {len(seeds)} seeds)")
 
 
 if __name__ == "__main__":
