@@ -20,6 +20,7 @@ from .drafter import DrafterContext, DrafterContextFull
 from .intersection import IntersectionLogitsProcessor, push_forward
 from .schedule import MAX_LOOKAHEAD, AdaptiveLookahead, DraftStop, Schedule  # noqa: F401 -- old path of MAX_LOOKAHEAD
 from .stats import DecodingStats
+from .tree import RunnerUps
 
 
 def drafter_prompt_ids(target_vocab: Vocabulary, drafter_vocab: Vocabulary, target_prompt: list[int]) -> list[int]:
@@ -285,7 +286,7 @@ class TokenLevelProposer(HeterogeneousProposer):
         # siblings only beside argmax drafts: a draft handed over with its q is verified as a chain
         self.sibling_min_joint = sibling_min_joint if not policy.needs_q else 0.0
         self.runner_ups = runner_ups
-        self._top: list[tuple[torch.Tensor, torch.Tensor]] = []  # per drafted position: top target ids, probs
+        self._runner_ups: RunnerUps | None = None  # the current draft's, with sibling branches
         device = self.context.device
         mapped = drafter_to_target[: self.context.n_tokens]
         self.map_list = mapped.tolist()  # indexed by drafter id
@@ -326,7 +327,7 @@ class TokenLevelProposer(HeterogeneousProposer):
             raise DrafterContextFull(f"the drafter holds at most {self.context.capacity} positions")
         steps: list[DraftStep] = []
         joint = 1.0
-        self._top = []
+        self._runner_ups = RunnerUps(self.runner_ups) if self.sibling_min_joint > 0 else None
         for _ in range(n_tokens):
             with self.stats.timer("drafter_s"):
                 logits = self.context.next_logits()  # [1, columns]
@@ -342,7 +343,7 @@ class TokenLevelProposer(HeterogeneousProposer):
                     break
         targets = [step.target for step in steps]
         if not self.policy.needs_q or not targets:
-            return Draft(targets, branches=self._siblings(steps) if targets and self.sibling_min_joint > 0 else [])
+            return Draft(targets, branches=self._siblings(targets))
         return Draft(targets, torch.cat([step.proposal for step in steps], dim=0))  # [k, V_target]
 
     def _choose(self, logits: torch.Tensor) -> DraftStep:
@@ -351,35 +352,21 @@ class TokenLevelProposer(HeterogeneousProposer):
 
     def _argmax(self, probs: torch.Tensor, to_target: torch.Tensor | None = None) -> torch.Tensor:
         """The argmax column of ``probs`` (``(1, N)``, a distribution; ``(1, 1)``), keeping, when the draft carries
-        siblings, its probability and the next ``runner_ups`` columns' as target ids (``to_target[column]``, or
-        the column itself) for :meth:`_siblings`."""
-        if self.sibling_min_joint <= 0:
+        siblings, the runner-ups as target ids (``to_target[column]``, or the column itself) for
+        :meth:`_siblings`."""
+        if self._runner_ups is None:
             return probs.argmax(dim=-1, keepdim=True)
-        top_p, top = probs.topk(min(1 + self.runner_ups, probs.shape[-1]), dim=-1)  # [1, 1 + runner_ups]
-        self._top.append((top_p, top if to_target is None else to_target[top]))
-        return top[:, :1]
+        return self._runner_ups.top(probs, to_target)[0]
 
-    def _siblings(self, steps: list[DraftStep]) -> list[list[int]]:
-        """Sibling branches beside an argmax draft (target ids, :mod:`hf_hetspec.tree`): for each draft position
-        ``i`` and each runner-up there (:meth:`_argmax`) whose estimate that the draft's first ``i`` tokens and
-        then that runner-up are what the target writes (the product of the drafted tokens' probabilities
-        before ``i``, times the runner-up's) reaches ``sibling_min_joint``, the branch ``targets[:i] +
-        [runner-up]``. One target token per drafter token: a branch costs no drafter step, only its tokens in
-        the verification (``v`` each) -- SLEM's rule (:meth:`hf_hetspec.slem.SLEMProposer._siblings`)."""
-        if not self._top:
+    def _siblings(self, targets: list[int]) -> list[list[int]]:
+        """Sibling branches beside the argmax draft ``targets`` (target ids, :mod:`hf_hetspec.tree`): ``targets[:i] +
+        [runner-up]`` for each runner-up the joint rule keeps at position ``i``
+        (:meth:`~hf_hetspec.tree.RunnerUps.siblings`, SLEM's rule). One target token per drafter token: a branch
+        costs no drafter step, only its tokens in the verification."""
+        if self._runner_ups is None:
             return []
-        probs = torch.cat([p for p, _ in self._top]).tolist()  # one host sync per draft
-        ids = torch.cat([t for _, t in self._top]).tolist()
-        targets = [step.target for step in steps]
-        branches, joint = [], 1.0
-        for i in range(min(len(targets), len(ids))):
-            for target, p in zip(ids[i][1:], probs[i][1:]):
-                if joint * p < self.sibling_min_joint:
-                    break  # the next runner-up is less likely still
-                if target >= 0 and target != targets[i]:
-                    branches.append(targets[:i] + [target])
-            joint *= probs[i][0]
-        return branches
+        return [targets[:i] + [target] for i, target in self._runner_ups.siblings(self.sibling_min_joint, len(targets))
+                if target >= 0 and target != targets[i]]
 
     def _continue(self, step: DraftStep) -> bool:
         """Extend the drafter's context by ``step``'s token; ``False`` when it cannot continue from it."""

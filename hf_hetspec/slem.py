@@ -15,37 +15,12 @@ import torch
 from .alignment import TextWindowConverter, valid_utf8_prefix
 from .intersection import special_token_pairs
 from .proposer import Draft, HeterogeneousProposer
+from .tree import RunnerUps  # also its old import path
 
 
 def greedy_select(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     """``argmax`` of ``logits`` (``(1, V)``) as a ``(1, 1)`` token tensor; a deterministic choice (no ``q``)."""
     return logits.argmax(dim=-1, keepdim=True), None
-
-
-class RunnerUps:
-    """A drafter selector (:meth:`~hf_hetspec.drafter.DrafterContext.draft`) that drafts the argmax, as
-    :func:`greedy_select`, and keeps, per drafted position, the chosen token's probability and the next
-    ``count`` tokens with their probabilities, for sibling branches (:mod:`hf_hetspec.tree`;
-    ``Schedule.sibling_runner_ups``)."""
-
-    def __init__(self, count: int = 1):
-        self.count = count
-        self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
-        top = min(1 + self.count, logits.shape[-1])
-        probs, ids = logits.float().softmax(dim=-1).topk(top, dim=-1)  # [1, 1 + count] each
-        self._top.append((probs, ids))
-        return ids[:, :1], None, probs[:, :1]  # the chosen token's probability, for the draft's confidence stop
-
-    def values(self) -> tuple[list[float], list[list[int]], list[list[float]]]:
-        """Per drafted position: the chosen token's probability, the runner-up ids (best first), their
-        probabilities (one host sync for the whole draft)."""
-        if not self._top:
-            return [], [], []
-        probs = torch.cat([p for p, _ in self._top]).tolist()
-        ids = torch.cat([i for _, i in self._top]).tolist()
-        return [p[0] for p in probs], [i[1:] for i in ids], [p[1:] for p in probs]
 
 
 class SLEMProposer(HeterogeneousProposer):
@@ -80,24 +55,16 @@ class SLEMProposer(HeterogeneousProposer):
                 return Draft(chain)
             return Draft(chain, branches=self._siblings(steps.ids, runner_ups, budget))
 
-    def _siblings(self, drafted: list[int], runner_ups: "RunnerUps", budget: int) -> list[list[int]]:
-        """Target ids of the sibling branches (:mod:`hf_hetspec.tree`): for each draft position ``i`` and each of
-        the drafter's ``runner_ups`` runner-ups there whose estimate that the chain's first ``i`` tokens
-        and then that runner-up are what the target writes (the product of the chosen tokens' probabilities
-        before ``i``, times the runner-up's) is at least ``sibling_min_joint``, the text of ``drafted[:i]``
-        plus the runner-up, re-tokenized like the chain."""
-        chosen_p, runner_ids, runner_ps = runner_ups.values()
-        branches, joint = [], 1.0
-        for i in range(min(len(drafted), len(runner_ids))):
-            for runner_id, runner_p in zip(runner_ids[i], runner_ps[i]):
-                if joint * runner_p < self.sibling_min_joint:
-                    break  # the next runner-up is less likely still
-                branch = self._to_target(drafted[:i] + [runner_id], discard=False)[:budget]
-                if branch:
-                    branches.append(branch)
-            joint *= chosen_p[i]
-            if drafted[i] in self.drafter_vocab.special_ids:
-                break
+    def _siblings(self, drafted: list[int], runner_ups: RunnerUps, budget: int) -> list[list[int]]:
+        """Target ids of the sibling branches (:mod:`hf_hetspec.tree`): for each runner-up the joint rule keeps
+        (:meth:`~hf_hetspec.tree.RunnerUps.siblings`) at draft position ``i``, up to the first special drafter
+        token, the text of ``drafted[:i]`` plus the runner-up, re-tokenized like the chain."""
+        special = next((i for i, tok in enumerate(drafted) if tok in self.drafter_vocab.special_ids), len(drafted))
+        branches = []
+        for i, runner_id in runner_ups.siblings(self.sibling_min_joint, special + 1):
+            branch = self._to_target(drafted[:i] + [runner_id], discard=False)[:budget]
+            if branch:
+                branches.append(branch)
         return branches
 
     def _to_target(self, drafted: list[int], discard: bool = True) -> list[int]:

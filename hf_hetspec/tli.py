@@ -45,7 +45,7 @@ class TLIProposer(TokenLevelProposer):
         with ``q`` itself (``(1, C)``), as the policy says."""
         if not self.policy.sample:
             restricted = self.restrict(None, logits)
-            if self.sibling_min_joint <= 0:
+            if self._runner_ups is None:  # no siblings: no softmax needed for the argmax
                 return restricted.argmax(dim=-1, keepdim=True), None
             return self._argmax(restricted.float().softmax(dim=-1), self.map), None
         q = self.drafter_distribution(logits)

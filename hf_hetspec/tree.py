@@ -20,8 +20,9 @@ candidates per position: what the drafts hold decides only how far one forward g
 nodes' keys and values are moved to the positions right after the context (:func:`keep_path`), so the cache
 holds what a sequential forward over the accepted tokens would have written.
 
-Trees are verified by hf_hetspec's own loop for one row, for drafts verified by exact match (SLEM's, with no
-``q``), on targets whose cache and attention allow them (:func:`supports_tree`); anything else verifies the
+Trees are verified by hf_hetspec's own loop for one row, for drafts verified by exact match (SLEM's, and TLI's
+and SLRS's argmax drafts when a schedule asks for siblings: with no ``q``), on targets whose cache and attention
+allow them (:func:`supports_tree`); anything else verifies the
 chain alone, which is exact too.
 """
 
@@ -38,6 +39,55 @@ TREE_ATTENTION = ("sdpa", "eager")
 #: At most this many nodes in one verified tree (the chain's included): a forward of a few dozen tokens costs
 #: about one target step on a memory-bound target (``v`` = 0.03 per token, :data:`hf_hetspec.schedule.VERIFY_COSTS`).
 MAX_TREE_NODES = 48
+
+
+class RunnerUps:
+    """The drafter's runner-ups of one draft, for sibling branches (``Schedule.sibling_runner_ups``): per drafted
+    position, the chosen token's probability and the next ``count`` tokens with their probabilities. Its
+    :meth:`select` is a drafter selector (:meth:`~hf_hetspec.drafter.DrafterContext.draft`) drafting the argmax
+    (SLEM); :meth:`top` takes a distribution (TLI's over the vocabulary intersection, SLRS's psi)."""
+
+    def __init__(self, count: int = 1):
+        self.count = count
+        self._top: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def top(self, probs: torch.Tensor, to_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the ``1 + count`` likeliest columns of ``probs`` (``(1, N)``, a distribution) as ids
+        (``to_ids[column]``, or the column itself); returns the argmax column and its probability (``(1, 1)``
+        each)."""
+        probs, columns = probs.topk(min(1 + self.count, probs.shape[-1]), dim=-1)  # [1, 1 + count] each
+        self._top.append((probs, columns if to_ids is None else to_ids[columns]))
+        return columns[:, :1], probs[:, :1]
+
+    def select(self, logits: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+        """The argmax of ``logits`` (``(1, V)``), no ``q``, and its probability for the draft's confidence stop."""
+        column, chosen_p = self.top(logits.float().softmax(dim=-1))
+        return column, None, chosen_p
+
+    def values(self) -> tuple[list[float], list[list[int]], list[list[float]]]:
+        """Per drafted position: the chosen token's probability, the runner-up ids (best first), their
+        probabilities (one host sync for the whole draft)."""
+        if not self._top:
+            return [], [], []
+        probs = torch.cat([p for p, _ in self._top]).tolist()
+        ids = torch.cat([i for _, i in self._top]).tolist()
+        return [p[0] for p in probs], [i[1:] for i in ids], [p[1:] for p in probs]
+
+    def siblings(self, min_joint: float, positions: int) -> list[tuple[int, int]]:
+        """``(i, runner-up id)`` for each of the first ``positions`` draft positions and each runner-up there whose
+        estimate that the draft's first ``i`` tokens and then that runner-up are what the target writes (the
+        product of the chosen tokens' probabilities before ``i``, times the runner-up's) is at least
+        ``min_joint``. A sibling costs no drafter step, only its tokens in the verification: it pays while that
+        chance exceeds about ``v`` (``Schedule.sibling_min_joint``)."""
+        chosen_p, runner_ids, runner_ps = self.values()
+        found, joint = [], 1.0
+        for i in range(min(positions, len(runner_ids))):
+            for runner_id, runner_p in zip(runner_ids[i], runner_ps[i]):
+                if joint * runner_p < min_joint:
+                    break  # the next runner-up is less likely still
+                found.append((i, runner_id))
+            joint *= chosen_p[i]
+        return found
 
 
 @dataclass
