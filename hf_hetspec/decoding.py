@@ -52,9 +52,15 @@ def _positions(prompt_positions: torch.Tensor, start: int, end: int) -> torch.Te
 
 #: Prompts whose drafter tokens not yet in its cache number at least this many are prefilled by the drafter on a
 #: second thread while the target prefills (:func:`overlaps_prefill`). Splitting the target's first forward costs
-#: one extra pass over its weights (about one decoding step, 0.35-0.45 s for Qwen2.5-Coder-1.5B on this
-#: project's CPU); a float32 SmolLM2-135M prefill of 384 tokens takes about as long.
-OVERLAP_PREFILL_MIN = 384
+#: one extra pass over its weights, about one decoding step (0.22-0.25 s for a bf16 Qwen2.5-Coder-1.5B, one
+#: thread, on the project's CPU with bf16 instructions), and hides the drafter's float32 prefill, 3-4 ms per token
+#: for SmolLM2-135M: it pays from about 70-100 drafter tokens. Measured there (2026-12-03,
+#: ``benchmarks/overlap_prefill.py``, tuning-half prompts, greedy, interleaved): from 32 tokens on, the first
+#: token of 38-55-token prompts came 0.04-0.13 s later than without the overlap, of 100-170-token prompts
+#: 0.03-0.25 s sooner; HumanEval chat prompts (124-168 drafter tokens) ran 3.97x / 5.10x / 3.98x the target
+#: alone from 96 against 3.47x / 4.70x / 3.60x from 384 (the former value, set on a CPU whose bf16 target step
+#: took 0.35-0.45 s).
+OVERLAP_PREFILL_MIN = 96
 
 
 def overlaps_prefill(target, proposer: Proposer) -> bool:
