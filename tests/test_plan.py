@@ -57,7 +57,12 @@ def test_default_schedules_per_algorithm():
     assert slem.stop == DraftStop(0.0, plan.SLEM_DEFAULTS["eager"].min_joint)
     for algorithm in ("tli", "slrs"):
         schedule = choose_schedule(algorithm)
-        assert (schedule.lookahead, schedule.adaptive, schedule.stop.enabled) == (plan.DEFAULT_LOOKAHEAD, True, False)
+        assert (schedule.lookahead, schedule.adaptive) == (plan.DEFAULT_LOOKAHEAD, True)
+        # the +2/-1 rule with SLEM's joint cut-off of the same runtime; a user's per-token threshold replaces it
+        assert schedule.stop == DraftStop(0.0, plan.SLEM_DEFAULTS["eager"].min_joint)
+        int8 = choose_schedule(algorithm, drafter_runtime="int8-static")
+        assert int8.stop == DraftStop(0.0, plan.SLEM_DEFAULTS["int8-static"].min_joint)
+        assert choose_schedule(algorithm, assistant_confidence_threshold=0.4).stop == DraftStop(0.4, 0.0)
 
 
 def test_every_algorithm_drafts_longer_with_a_cheaper_drafter_runtime():

@@ -19,12 +19,12 @@ from hf_hetspec.tli import TLIProposer
 PROMPT = "The lighthouse keeper"
 
 
-def _tli(pair, lookahead: int, **kwargs) -> TLIProposer:
+def _tli(pair, lookahead: int, schedule: Schedule | None = None, **kwargs) -> TLIProposer:
     target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
     return TLIProposer(target_vocab, pair.drafter, drafter_vocab, _prompt(pair),
                        intersection=intersection_for(target_vocab, drafter_vocab),
-                       target_eos_ids=[pair.target_tokenizer.eos_token_id], schedule=Schedule(lookahead, False),
-                       max_length=64, stats=DecodingStats(), **kwargs)
+                       target_eos_ids=[pair.target_tokenizer.eos_token_id],
+                       schedule=schedule or Schedule(lookahead, False), max_length=64, stats=DecodingStats(), **kwargs)
 
 
 def _prompt(pair) -> torch.LongTensor:
@@ -81,6 +81,24 @@ def test_a_greedy_draft_in_a_sampled_call_comes_without_a_dense_q(toy_pair, monk
     _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("▁the"): 2.0, d.convert_tokens_to_ids("T"): 1.9})
     draft = proposer.propose(_prompt(toy_pair))
     assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] and draft.q is None
+
+
+@pytest.mark.parametrize("min_joint,length", [(0.3, 3), (0.2, 4), (0.5, 2), (0.0, 4)])
+def test_the_joint_cut_off_ends_a_tli_draft_by_q_over_the_intersection(toy_pair, monkeypatch, min_joint, length):
+    """TLI's default schedule ends a draft once the product of the drafted tokens' ``q`` -- the drafter's
+    distribution over the intersection -- falls below the joint cut-off (:class:`DraftStop`): ``q(Ġthe)`` = 2/3
+    after ``<start_of_turn>`` (no target counterpart) is masked, so the products run 0.67, 0.44, 0.30, 0.20
+    within a lookahead of 4. Over the whole drafter vocabulary the first token would already end the draft
+    (``<start_of_turn>`` holds nearly all of it)."""
+    from hf_hetspec.schedule import DraftStop
+
+    d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
+    proposer = _tli(toy_pair, 4, schedule=Schedule(4, False, DraftStop(min_joint=min_joint)), policy=DraftPolicy())
+    _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("<start_of_turn>"): 9.0,
+                                            d.convert_tokens_to_ids("▁the"): math.log(2.0),
+                                            d.convert_tokens_to_ids("T"): math.log(1.0)})
+    draft = proposer.propose(_prompt(toy_pair))
+    assert draft.target_ids == [t.convert_tokens_to_ids("Ġthe")] * length
 
 
 @pytest.mark.parametrize("cut_off,expected", [
