@@ -231,9 +231,10 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
     # while the drafter's estimate that it is accepted exceeds c + v (DraftStop), and token-level drafts start
     # from and may fall to one token (Leviathan et al. 2023, Section 3.4)
     dear = verify_cost + COST_RATIOS[drafter_runtime] > 2 * (VERIFY_COST + COST_RATIOS[drafter_runtime])
+    # every algorithm's default ends a draft at the runtime's joint cut-off; a user's threshold replaces it
+    min_joint = SLEM_DEFAULTS[drafter_runtime].min_joint if threshold is None else 0.0
     if algorithm == "slem":
         default = SLEM_DEFAULTS[drafter_runtime]
-        min_joint = default.min_joint if threshold is None else 0.0
         if dear and threshold is None:
             min_joint = max(min_joint, min(0.95, verify_cost + COST_RATIOS[drafter_runtime]))
         # a sibling branch costs only its tokens in the verification: worth it while its chance exceeds v
@@ -243,8 +244,7 @@ def choose_schedule(algorithm: str, *, drafter_runtime: str = "eager", num_assis
                         sibling_runner_ups=SIBLING_RUNNER_UPS["sampled" if sample else "greedy"])
     if dear:
         return Schedule(1, True, DraftStop(min_confidence), 1, context_lookup=True, back_off=True)
-    # the +2/-1 rule bounds the draft, SLEM's joint cut-off ends it where the drafter turns unsure
-    min_joint = SLEM_DEFAULTS[drafter_runtime].min_joint if threshold is None else 0.0
+    # the +2/-1 rule bounds the draft, the joint cut-off ends it where the drafter turns unsure
     return Schedule(DEFAULT_LOOKAHEAD, True, DraftStop(min_confidence, min_joint), TOKEN_LEVEL_FLOORS[drafter_runtime],
                     context_lookup=True, back_off=True)
 

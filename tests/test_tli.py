@@ -13,18 +13,19 @@ from hf_hetspec.alignment import vocabulary
 from hf_hetspec.intersection import intersection_for
 from hf_hetspec.plan import Schedule
 from hf_hetspec.proposer import DraftPolicy
+from hf_hetspec.schedule import DraftStop
 from hf_hetspec.stats import DecodingStats
 from hf_hetspec.tli import TLIProposer
 
 PROMPT = "The lighthouse keeper"
 
 
-def _tli(pair, lookahead: int, schedule: Schedule | None = None, **kwargs) -> TLIProposer:
+def _tli(pair, lookahead: int, stop: DraftStop = DraftStop(), **kwargs) -> TLIProposer:
     target_vocab, drafter_vocab = vocabulary(pair.target_tokenizer), vocabulary(pair.drafter_tokenizer)
     return TLIProposer(target_vocab, pair.drafter, drafter_vocab, _prompt(pair),
                        intersection=intersection_for(target_vocab, drafter_vocab),
-                       target_eos_ids=[pair.target_tokenizer.eos_token_id],
-                       schedule=schedule or Schedule(lookahead, False), max_length=64, stats=DecodingStats(), **kwargs)
+                       target_eos_ids=[pair.target_tokenizer.eos_token_id], schedule=Schedule(lookahead, False, stop),
+                       max_length=64, stats=DecodingStats(), **kwargs)
 
 
 def _prompt(pair) -> torch.LongTensor:
@@ -90,10 +91,8 @@ def test_the_joint_cut_off_ends_a_tli_draft_by_q_over_the_intersection(toy_pair,
     after ``<start_of_turn>`` (no target counterpart) is masked, so the products run 0.67, 0.44, 0.30, 0.20
     within a lookahead of 4. Over the whole drafter vocabulary the first token would already end the draft
     (``<start_of_turn>`` holds nearly all of it)."""
-    from hf_hetspec.schedule import DraftStop
-
     d, t = toy_pair.drafter_tokenizer, toy_pair.target_tokenizer
-    proposer = _tli(toy_pair, 4, schedule=Schedule(4, False, DraftStop(min_joint=min_joint)), policy=DraftPolicy())
+    proposer = _tli(toy_pair, 4, DraftStop(min_joint=min_joint), policy=DraftPolicy())
     _drafter_logits(proposer, monkeypatch, {d.convert_tokens_to_ids("<start_of_turn>"): 9.0,
                                             d.convert_tokens_to_ids("▁the"): math.log(2.0),
                                             d.convert_tokens_to_ids("T"): math.log(1.0)})
