@@ -21,7 +21,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from .compat import cache_kwargs, output_cache_kwargs
 from .drafter import model_device, rollback_cache
-from .proposer import Proposer
+from .proposer import Draft, Proposer
 from .stats import DecodingStats
 from .tree import DraftTree, keep_path, supports_tree, tree_attention_mask, tree_position_ids, walk_tree
 from .verify import verify_block, verify_exact_match_sampling, verify_greedy, verify_speculative_sampling
@@ -64,7 +64,8 @@ OVERLAP_PREFILL_MIN = 96
 
 
 def overlaps_prefill(target, proposer: Proposer) -> bool:
-    """Whether the drafter prefills its prompt on a second thread while the target prefills its own: both models
+    """Whether the drafter prefills its prompt, and makes its first draft, on a second thread while the target
+    prefills its own (the first draft depends on the prompt alone): both models
     on the CPU, a core left beyond PyTorch's intra-op threads and not taken by other processes (the 1-minute
     load average, this process's own included, below the core count minus one half), and at least
     :data:`OVERLAP_PREFILL_MIN` drafter tokens to prefill. A prefill is compute-bound, so the two run side by
@@ -80,6 +81,13 @@ def overlaps_prefill(target, proposer: Proposer) -> bool:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return on_cpu and torch.get_num_threads() < cores and busy < cores - 0.5 and uncached >= OVERLAP_PREFILL_MIN
+
+
+def _prefill_and_draft(proposer: Proposer, ids: torch.LongTensor) -> Draft:
+    """The drafter's prompt prefilled, then the first draft after the prompt ``ids`` (``(1, n)``): the work of the
+    second thread while the target prefills (:func:`overlaps_prefill`)."""
+    proposer.prefill_drafter()
+    return proposer.propose(ids)
 
 
 def _forward_kwargs(target, cache, prompt_positions: torch.LongTensor | None, start: int, end: int) -> dict:
@@ -206,20 +214,24 @@ def speculative_generate(
     ids = input_ids.to(device)
     prompt_positions = None if position_ids is None else position_ids[0].to(device)
     cached = cache.get_seq_length()
+    first_draft = None
     if ids.shape[1] - cached >= 2 and overlaps_prefill(target, proposer):
         # the target's prompt but its last token (that one is fed with the first draft), the drafter's prompt
-        # on a second thread meanwhile: outputs are unchanged, the drafter's prefill leaves the critical path
+        # and then its first draft on a second thread meanwhile: the first draft depends on the prompt alone
+        # (and the drafter's own randomness, drawn in the same order), so outputs are unchanged, and the
+        # drafter's prefill and first draft leave the critical path
         with ThreadPoolExecutor(max_workers=1) as pool:
-            drafter_prefill = pool.submit(proposer.prefill_drafter)
+            drafting = pool.submit(_prefill_and_draft, proposer, ids)
             with stats.timer("target_s"):
                 extra = _forward_kwargs(target, cache, prompt_positions, cached, ids.shape[1] - 1)
                 target(input_ids=ids[:, cached:-1], use_cache=True, logits_to_keep=1, **extra)
             stats.target_forwards += 1
-            drafter_prefill.result()
+            first_draft = drafting.result()
     finished = False
     while not finished:
         n = ids.shape[1]
-        draft_tokens = proposer.propose(ids)
+        draft_tokens = first_draft if first_draft is not None else proposer.propose(ids)
+        first_draft = None
         k = len(draft_tokens.target_ids)
         tree, left_chain = None, False
         if draft_tokens.branches and draft_tokens.q is None and supports_tree(target, cache):

@@ -138,6 +138,47 @@ def test_prefilling_the_drafter_on_a_second_thread_keeps_the_sampled_distributio
     assert len(threads) >= 300
 
 
+@pytest.mark.parametrize("algorithm", ["slem", "tli"])
+def test_the_first_draft_is_made_beside_the_targets_prefill_and_seeded_calls_repeat(toy_pair, algorithm,
+                                                                                    monkeypatch):
+    """With the overlapped prefill the second thread also makes the first draft (it depends on the prompt alone);
+    a seeded sampled call draws the drafter's and the target's randomness in the same order as without the
+    overlap, so it writes the same tokens, and greedy output stays the target's."""
+    import threading
+
+    import hf_hetspec
+    from hf_hetspec.drafter import DrafterContext
+
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+
+    def run(**kwargs):
+        hf_hetspec.enable(toy_pair.target)
+        try:
+            return toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
+                                            assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
+                                            max_new_tokens=NEW_TOKENS, **kwargs)
+        finally:
+            hf_hetspec.disable(toy_pair.target)
+
+    sampled = dict(do_sample=True, temperature=1.0, top_k=5)
+    alone = run(**sampled, hetspec_generator=torch.Generator().manual_seed(3))
+    steps = []  # the thread of each draft (SLEM's) or drafter step (TLI's)
+    for name in ("draft", "next_logits"):
+        method = getattr(DrafterContext, name)
+
+        def recorded(self, *args, method=method, **kwargs):
+            steps.append(threading.get_ident())
+            return method(self, *args, **kwargs)
+
+        monkeypatch.setattr(DrafterContext, name, recorded)
+    monkeypatch.setattr(decoding, "overlaps_prefill", lambda target, proposer: True)
+    beside = run(**sampled, hetspec_generator=torch.Generator().manual_seed(3))
+    assert torch.equal(beside, alone)
+    assert steps[0] != threading.get_ident() and threading.get_ident() in steps
+    plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(run(do_sample=False), plain)
+
+
 def test_the_drafter_prefills_on_a_second_thread_only_for_long_prompts_on_a_free_cpu_core(toy_pair, monkeypatch):
     import hf_hetspec.decoding as module
     from hf_hetspec.drafter import DrafterContext
