@@ -12,7 +12,9 @@ how much later than the target alone's the first token came, on average::
     PYTHONPATH=. python benchmarks/overlap_prefill.py --tasks code code_completion math_reasoning qa \\
         --prompts 2 --half tune --thresholds 384 64
 
-Measured 2026-12-03 (docs/results.md).
+The second thread also makes the first draft (it depends on the prompt alone); ``--prefill-only`` adds, for each
+threshold, a run whose second thread only prefills (the first draft made after the target's prefill, as before
+2026-12-03). Measured 2026-12-03 (docs/results.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ from hf_hetspec.tools.runner import Runner
 from hf_hetspec.tools.tasks import DEFAULT_SPEC_BENCH, chat_ids, load_prompts
 
 
+def _prefill_only(proposer, ids):
+    """The second thread's work before 2026-12-03: the drafter's prefill alone (the loop then drafts)."""
+    proposer.prefill_drafter()
+    return None
+
+
+def _label(threshold: int, first_draft: bool) -> str:
+    return f">={threshold}" + ("" if first_draft else " prefill only")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -39,6 +51,8 @@ def main() -> None:
     parser.add_argument("--half", default="tune", choices=["tune", "report", "all"])
     parser.add_argument("--thresholds", type=int, nargs="+", default=[decoding.OVERLAP_PREFILL_MIN, 10**9],
                         help="OVERLAP_PREFILL_MIN values to run (default: the current one and never)")
+    parser.add_argument("--prefill-only", action="store_true",
+                        help="also each threshold with the first draft made after the target's prefill")
     parser.add_argument("--algorithm", default="slem")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seeds", type=int, default=1, help="sampled calls: seeds 0 .. N-1")
@@ -53,9 +67,10 @@ def main() -> None:
     sample = args.temperature > 0
     prompts, _ = load_prompts(args.tasks, {t: args.prompts for t in args.tasks}, DEFAULT_SPEC_BENCH, "local",
                               (False, "local files"), half=args.half)
-    default = decoding.OVERLAP_PREFILL_MIN
-    speedups = {t: [] for t in args.thresholds}
-    ttfts = {t: [] for t in args.thresholds}
+    default, beside = decoding.OVERLAP_PREFILL_MIN, decoding._prefill_and_draft
+    variants = [(t, True) for t in args.thresholds] + [(t, False) for t in args.thresholds if args.prefill_only]
+    speedups = {v: [] for v in variants}
+    ttfts = {v: [] for v in variants}
     warm = Runner(target, target_tok, drafter, drafter_tok, algorithm=args.algorithm, max_new_tokens=8)
     warm.hetspec(chat_ids(target_tok, [{"role": "user", "content": "Hello"}], True))  # first-call costs, untimed
     for number, prompt in enumerate(prompts):
@@ -67,23 +82,24 @@ def main() -> None:
             alone = runner.target_alone(ids)
             line = (f"{prompt.task:15s} {prompt.prompt_id:16s} seed {seed} ({ids.shape[1]:4d} prompt tokens) "
                     f"alone {alone.seconds:5.1f}s ttft {alone.ttft_seconds:.2f}")
-            order = args.thresholds if number % 2 == 0 else args.thresholds[::-1]  # no threshold always runs first
-            for threshold in order:
+            order = variants if number % 2 == 0 else variants[::-1]  # no variant always runs first
+            for threshold, first_draft in order:
                 decoding.OVERLAP_PREFILL_MIN = threshold
+                if not first_draft:
+                    decoding._prefill_and_draft = _prefill_only
                 try:
                     run = runner.hetspec(ids)
                 finally:
-                    decoding.OVERLAP_PREFILL_MIN = default
+                    decoding.OVERLAP_PREFILL_MIN, decoding._prefill_and_draft = default, beside
                 ratio = (run.new_tokens / run.seconds) / (alone.new_tokens / alone.seconds)
-                speedups[threshold].append(ratio)
-                ttfts[threshold].append(run.ttft_seconds - alone.ttft_seconds)
-                line += f" | >={threshold}: {ratio:4.2f}x ttft {run.ttft_seconds:.2f}"
+                speedups[(threshold, first_draft)].append(ratio)
+                ttfts[(threshold, first_draft)].append(run.ttft_seconds - alone.ttft_seconds)
+                line += f" | {_label(threshold, first_draft)}: {ratio:4.2f}x ttft {run.ttft_seconds:.2f}"
             print(line, f"load {os.getloadavg()[0]:.2f}", flush=True)
-    for threshold, values in speedups.items():
-        print(f"OVERLAP_PREFILL_MIN {threshold}: geomean {statistics.geometric_mean(values):.3f}x over "
-              f"{len(values)} calls; first token {statistics.mean(ttfts[threshold]):+.3f} s after the target "
+    for variant, values in speedups.items():
+        print(f"OVERLAP_PREFILL_MIN {_label(*variant)}: geomean {statistics.geometric_mean(values):.3f}x over "
+              f"{len(values)} calls; first token {statistics.mean(ttfts[variant]):+.3f} s after the target "
               "alone's on average")
-
 
 if __name__ == "__main__":
     main()
