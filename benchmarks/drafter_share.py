@@ -53,7 +53,8 @@ def main() -> None:
             alone = total["target_tokens"] / total["target_s"]
             speedup = total["tokens"] / total["seconds"] / alone
             freed = total["tokens"] / (total["seconds"] - total["drafter_s"]) / alone
-            print(f"{task:<16} {temperature:>3g} {speedup:>7.2f}x {freed:>12.2f}x {total['drafter_s'] / total['seconds']:>13.0%} "
+            share = total["drafter_s"] / total["seconds"]
+            print(f"{task:<16} {temperature:>3g} {speedup:>7.2f}x {freed:>12.2f}x {share:>13.0%} "
                   f"{total['tokens'] / total['forwards']:>15.2f}")
             if task in CATEGORIES:
                 measured.append(speedup)
