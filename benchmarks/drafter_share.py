@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import defaultdict
+from pathlib import Path
 
-CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+from hf_hetspec.tools.bench import aggregate, geometric_mean
+from hf_hetspec.tools.tasks import SPEC_BENCH_CATEGORIES
 
 
 def main() -> None:
@@ -28,40 +29,32 @@ def main() -> None:
     parser.add_argument("bench_json")
     parser.add_argument("--prompts", type=int, default=None, help="only the first N prompts of each task")
     args = parser.parse_args()
-    run = json.load(open(args.bench_json))
+    run = json.loads(Path(args.bench_json).read_text())
     kept = {task: ids[: args.prompts] for task, ids in run["config"]["prompt_ids"].items()}
-    sums: dict = defaultdict(lambda: defaultdict(float))
+    groups: dict = defaultdict(list)
     for record in run["records"]:
-        if record.get("sweep") or record["prompt_id"] not in kept.get(record["task"], ()):
-            continue
-        total = sums[(record["task"], record["temperature"])]
-        if record["method"] == "target":
-            total["target_tokens"] += record["new_tokens"]
-            total["target_s"] += record["seconds"]
-        elif record["method"] == "hf_hetspec":
-            total["tokens"] += record["new_tokens"]
-            total["seconds"] += record["seconds"]
-            total["drafter_s"] += record["stats"]["drafter_s"]
-            total["forwards"] += record["stats"]["target_forwards"]
+        if (not record.get("sweep") and record["method"] in ("target", "hf_hetspec")
+                and record["prompt_id"] in kept.get(record["task"], ())):
+            groups[(record["task"], record["temperature"], record["method"])].append(record)
+    totals = {key: aggregate(records) for key, records in groups.items()}  # bench.json's own totals
+    tasks = [*SPEC_BENCH_CATEGORIES, *sorted({task for task, _, _ in totals} - set(SPEC_BENCH_CATEGORIES))]
     print(f"{'task':<16} {'T':>3} {'speedup':>8} {'drafter free':>13} {'drafter share':>14} {'tokens/forward':>15}")
-    for temperature in sorted({t for _, t in sums}):
+    for temperature in sorted({t for _, t, _ in totals}):
         measured, free = [], []
-        for task in (*CATEGORIES, *sorted({k for k, _ in sums} - set(CATEGORIES))):
-            total = sums.get((task, temperature))
-            if not total or not total["target_s"] or not total["seconds"]:
+        for task in tasks:
+            alone, ours = totals.get((task, temperature, "target")), totals.get((task, temperature, "hf_hetspec"))
+            if not alone or not ours or not alone["seconds"] or not ours["seconds"]:
                 continue
-            alone = total["target_tokens"] / total["target_s"]
-            speedup = total["tokens"] / total["seconds"] / alone
-            freed = total["tokens"] / (total["seconds"] - total["drafter_s"]) / alone
-            share = total["drafter_s"] / total["seconds"]
+            speedup = ours["tokens_per_second"] / alone["tokens_per_second"]
+            freed = ours["new_tokens"] / (ours["seconds"] - ours["drafter_s"]) / alone["tokens_per_second"]
+            share = ours["drafter_s"] / ours["seconds"]
             print(f"{task:<16} {temperature:>3g} {speedup:>7.2f}x {freed:>12.2f}x {share:>13.0%} "
-                  f"{total['tokens'] / total['forwards']:>15.2f}")
-            if task in CATEGORIES:
+                  f"{ours['tokens_per_forward']:>15.2f}")
+            if task in SPEC_BENCH_CATEGORIES:
                 measured.append(speedup)
                 free.append(freed)
-        if len(measured) == len(CATEGORIES):
-            mean = lambda values: math.exp(sum(map(math.log, values)) / len(values))  # noqa: E731
-            print(f"{'Spec-Bench geomean':<20} {mean(measured):>6.2f}x {mean(free):>12.2f}x")
+        if len(measured) == len(SPEC_BENCH_CATEGORIES):
+            print(f"{'Spec-Bench geomean':<20} {geometric_mean(measured):>6.2f}x {geometric_mean(free):>12.2f}x")
 
 
 if __name__ == "__main__":

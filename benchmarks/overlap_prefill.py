@@ -101,5 +101,6 @@ def main() -> None:
               f"{len(values)} calls; first token {statistics.mean(ttfts[variant]):+.3f} s after the target "
               "alone's on average")
 
+
 if __name__ == "__main__":
     main()
