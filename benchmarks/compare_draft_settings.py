@@ -19,7 +19,9 @@ evaluation suite instead (``hf-hetspec bench --suite spec-bench``'s tasks, ``--p
 ``--half``, default the tuning half; a prompt's first turn), printing per-task totals too. A setting's ``"schedule"`` (an object of
 :class:`hf_hetspec.Schedule` fields) changes the default schedule of its algorithm and drafter runtime, e.g.
 ``{"hetspec_algorithm": "slem", "schedule": {"context_lookup": false, "back_off": false}}`` (``"stop"``: an object
-of :class:`hf_hetspec.DraftStop` fields changed likewise). A setting with
+of :class:`hf_hetspec.DraftStop` fields changed likewise). ``"drafter_chat_template": true`` hands the drafter the
+conversation in its own chat template (``assistant_input_ids`` from :func:`hf_hetspec.chat_inputs`; plain
+completion prompts keep the default). A setting with
 ``"hetspec_loop": "transformers"`` runs in transformers' loop, which takes no ``hetspec_generator``: it samples
 with torch's global RNG, seeded per call. ``benchmarks/results/loops/slem-greedy-humaneval-0-5.log``::
 
@@ -39,7 +41,7 @@ import torch
 import dataclasses
 import os
 
-from hf_hetspec import integration
+from hf_hetspec import chat_inputs, integration
 from hf_hetspec.runtime import prepare_drafter
 from hf_hetspec.schedule import choose_schedule
 from hf_hetspec.tools import zoo
@@ -47,16 +49,21 @@ from hf_hetspec.tools.prompts import code_prompts
 from hf_hetspec.tools.tasks import DEFAULT_SPEC_BENCH, chat_ids, load_prompts
 
 
-def _prompts(args, tokenizer) -> list[tuple[str, str, torch.Tensor]]:
-    """``(task, prompt id, target ids)`` of the HumanEval range, or of ``--tasks`` from the suite's ``--half``."""
+def _prompts(args, tokenizer) -> list[tuple[str, str, torch.Tensor, list[dict] | None]]:
+    """``(task, prompt id, target ids, chat messages)`` of the HumanEval range, or of ``--tasks`` from the suite's
+    ``--half`` (messages ``None``: a plain completion prompt, sent without a chat template)."""
     if not args.tasks:
         first, end = args.prompts
-        return [("code", p.prompt_id, chat_ids(tokenizer, [{"role": "user", "content": p.message}], True))
-                for p in code_prompts(end)[first:end]]
-    found, _ = load_prompts(args.tasks, {task: args.per_task for task in args.tasks}, DEFAULT_SPEC_BENCH, "local",
-                            (False, "local"), args.half)
-    return [(p.task, p.prompt_id, chat_ids(tokenizer, [{"role": "user", "content": p.turns[0]}], p.chat))
-            for p in found]
+        found = [("code", p.prompt_id, p.message, True) for p in code_prompts(end)[first:end]]
+    else:
+        prompts, _ = load_prompts(args.tasks, {task: args.per_task for task in args.tasks}, DEFAULT_SPEC_BENCH,
+                                  "local", (False, "local"), args.half)
+        found = [(p.task, p.prompt_id, p.turns[0], p.chat) for p in prompts]
+    out = []
+    for task, prompt_id, text, chat in found:
+        messages = [{"role": "user", "content": text}]
+        out.append((task, prompt_id, chat_ids(tokenizer, messages, chat), messages if chat else None))
+    return out
 
 
 def _kwargs(setting: dict, drafter, sample: bool) -> dict:
@@ -98,7 +105,7 @@ def main() -> None:
     per_task: dict[tuple[str, str], list[float]] = {}
     settings = {name: _kwargs(setting, drafter, args.temperature > 0) for name, setting in settings.items()}
     print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
-    for task, prompt_id, ids in _prompts(args, target_tok):
+    for task, prompt_id, ids, messages in _prompts(args, target_tok):
         for seed in args.seeds:
             for name, kwargs in settings.items():
                 torch.manual_seed(seed)
@@ -114,6 +121,11 @@ def main() -> None:
                     # transformers' loop samples with the global RNG (seeded above) and refuses a generator
                     randomness = ({} if kwargs.get("hetspec_loop") == "transformers"
                                   else {"hetspec_generator": torch.Generator().manual_seed(seed)})
+                    kwargs = dict(kwargs)
+                    if kwargs.pop("drafter_chat_template", False) and messages is not None:
+                        # the drafter reads the conversation in its own chat template (hf_hetspec.chat_inputs)
+                        kwargs["assistant_input_ids"] = chat_inputs(messages, target_tok, drafter_tok)[
+                            "assistant_input_ids"]
                     out = target.generate(ids, assistant_model=drafter, tokenizer=target_tok,
                                           assistant_tokenizer=drafter_tok, **randomness, **common, **kwargs)
                     stats = integration.last_stats(target)

@@ -10,6 +10,9 @@ ratio ``c`` = drafter step / target step per runtime. When torchao is installed 
 
     PYTHONPATH=. python benchmarks/drafter_runtime.py smollm2-135m-instruct \\
         --target qwen2.5-coder-1.5b-instruct --threads 1
+
+``--two-threads RUNTIME`` also steps two drafter contexts of that runtime on two Python threads at once, against
+the same steps in turn: whether the rows of a batch could draft in parallel on a second core.
 """
 
 from __future__ import annotations
@@ -55,6 +58,11 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200, help="prefilled tokens (default 200)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per runtime (default 40)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runtimes", nargs="+", default=None, metavar="RUNTIME",
+                        help="only these runtimes beside eager bf16 (default: all, and torchao's int8 configurations)")
+    parser.add_argument("--two-threads", metavar="RUNTIME", default=None,
+                        help="also time two drafter contexts of RUNTIME stepping on two Python threads at once "
+                             "against the same steps in turn (can rows of a batch draft in parallel?)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -64,7 +72,7 @@ def main() -> None:
     context = torch.randint(100, 1000, (1, args.context))
     models, prepare = {"eager-bf16": drafter}, {"eager-bf16": 0.0}
     for runtime in RUNTIMES:
-        if runtime in ("auto", "eager"):
+        if runtime in ("auto", "eager") or (args.runtimes and runtime not in args.runtimes):
             continue
         try:
             prepared = prepare_drafter(drafter, runtime)
@@ -72,7 +80,7 @@ def main() -> None:
             print(f"{runtime}: {err}")
             continue
         models[runtime], prepare[runtime] = prepared.model, prepared.prepare_s
-    if importlib.util.find_spec("torchao") is not None:
+    if importlib.util.find_spec("torchao") is not None and not args.runtimes:
         from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
                                           quantize_)
 
@@ -107,6 +115,32 @@ def main() -> None:
         if target_step:
             line += f" {median / target_step:6.3f}"
         print(line)
+    if args.two_threads:
+        _two_threads(models[args.two_threads], context, args.steps)
+
+
+def _two_threads(model, context: torch.Tensor, steps: int, repeats: int = 3) -> None:
+    """Print the wall time of ``steps`` one-token steps in each of two drafter contexts run in turn, and run on two
+    Python threads at once (PyTorch's intra-op threads as set), ``repeats`` times each way, interleaved."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    timers = [_step_timer(model, context), _step_timer(model, context)]
+
+    def run(timer) -> None:
+        for _ in range(steps):
+            timer()
+
+    print(f"two contexts, {steps} steps each: in turn / on two threads at once")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for timer in timers:
+                run(timer)
+            in_turn = time.perf_counter() - start
+            start = time.perf_counter()
+            list(pool.map(run, timers))
+            together = time.perf_counter() - start
+            print(f"  {1000 * in_turn:.0f} ms / {1000 * together:.0f} ms ({together / in_turn:.2f})")
 
 
 if __name__ == "__main__":

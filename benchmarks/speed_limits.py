@@ -12,7 +12,9 @@ formula needs for ``--speedup`` at ``c`` and at ``c + v`` (:func:`hf_hetspec.too
         --verify-cost 0.035
 
 ``--measure-verify-cost MODEL`` times one-token and ``K``-token forwards of a zoo model (bf16, one thread) after
-a 200-token prefill and prints ``v``; run it on an otherwise idle machine.
+a ``--context``-token prefill (default 200), interleaved, and prints ``v`` for each ``K`` of ``--tokens`` (several
+give the profile of the verification's cost, e.g. ``--tokens 2 4 6 8 12 16 24``); run it on an otherwise idle
+machine.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import torch
 from hf_hetspec.tools.analyze import MAX_LOOKAHEAD, expected_speedup, required_alpha
 
 
-def measure_verify_cost(name: str, tokens: int = 12, repeats: int = 7) -> tuple[float, float, float]:
-    """``(seconds of a 1-token forward, seconds of a tokens-token forward, v)`` for zoo model ``name`` after a
-    200-token prefill (bf16, medians of ``repeats``)."""
+def measure_verify_cost(name: str, tokens: list[int], repeats: int = 7,
+                        context: int = 200) -> dict[int, tuple[float, float]]:
+    """``{k: (best, median seconds)}`` of ``k``-token forwards of zoo model ``name`` (bf16) after a ``context``-token
+    prefill, for each ``k`` in ``tokens`` and for ``k = 1``; the counts are interleaved, one forward of each per
+    repeat, so a load change hits all of them alike."""
     from transformers import DynamicCache
 
     from hf_hetspec.tools import zoo
@@ -37,22 +41,20 @@ def measure_verify_cost(name: str, tokens: int = 12, repeats: int = 7) -> tuple[
     from hf_hetspec.drafter import rollback_cache
 
     model, _ = zoo.load(name, dtype=torch.bfloat16)
-    ids = torch.randint(100, 1000, (1, 200 + tokens))
+    counts = sorted({1, *tokens})
+    ids = torch.randint(100, 1000, (1, context + max(counts)))
     cache = DynamicCache(config=model.config)
+    times: dict[int, list[float]] = {k: [] for k in counts}
     with torch.inference_mode():
-        model(input_ids=ids[:, :200], use_cache=True, **cache_kwargs(model, cache))
-
-        def timed(k: int) -> float:
-            times = []
-            for _ in range(repeats):
+        model(input_ids=ids[:, :context], use_cache=True, **cache_kwargs(model, cache))
+        for _ in range(repeats):
+            for k in counts:
                 start = time.perf_counter()
-                model(input_ids=ids[:, 200 : 200 + k], use_cache=True, logits_to_keep=k, **cache_kwargs(model, cache))
-                times.append(time.perf_counter() - start)
-                rollback_cache(cache, 200)
-            return statistics.median(times)
-
-        one, many = timed(1), timed(tokens)
-    return one, many, (many - one) / (tokens - 1) / one
+                model(input_ids=ids[:, context : context + k], use_cache=True, logits_to_keep=k,
+                      **cache_kwargs(model, cache))
+                times[k].append(time.perf_counter() - start)
+                rollback_cache(cache, context)
+    return {k: (min(t), statistics.median(t)) for k, t in times.items()}
 
 
 def rows(result: dict, verify_cost: float, speedups: list[float]) -> list[str]:
@@ -82,13 +84,20 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, nargs="+", default=[1.8, 2.5])
     parser.add_argument("--verify-cost", type=float, default=0.0, help="v, see the module docstring")
     parser.add_argument("--measure-verify-cost", metavar="MODEL", help="zoo name of the target to time")
-    parser.add_argument("--tokens", type=int, default=12, help="verified tokens for --measure-verify-cost")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[12],
+                        help="verified tokens per forward for --measure-verify-cost (several: a profile)")
+    parser.add_argument("--context", type=int, default=200, help="prefilled tokens for --measure-verify-cost")
+    parser.add_argument("--repeats", type=int, default=7, help="forwards of each count for --measure-verify-cost")
     args = parser.parse_args()
     if args.measure_verify_cost:
         torch.set_num_threads(1)
-        one, many, v = measure_verify_cost(args.measure_verify_cost, args.tokens)
-        print(f"{args.measure_verify_cost}: 1 token {1000 * one:.0f} ms, {args.tokens} tokens {1000 * many:.0f} ms, "
-              f"v = {v:.3f} of a one-token forward per extra verified token")
+        measured = measure_verify_cost(args.measure_verify_cost, args.tokens, args.repeats, args.context)
+        one = measured[1][0]
+        print(f"{args.measure_verify_cost}, {args.context}-token context, best / median of {args.repeats}:")
+        for k, (best, median) in measured.items():
+            v = (best - one) / (k - 1) / one if k > 1 else 0.0
+            print(f"  {k:3d} tokens {1000 * best:5.0f} / {1000 * median:5.0f} ms, {best / one:.2f} one-token "
+                  f"forwards, v = {v:.3f} per extra verified token")
     if not args.bench_json:
         return
     needed = " | ".join(f"alpha for {s:g}x (c / c + v)" for s in args.speedup)
