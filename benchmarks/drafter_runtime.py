@@ -61,8 +61,10 @@ def main() -> None:
     parser.add_argument("--runtimes", nargs="+", default=None, metavar="RUNTIME",
                         help="only these runtimes beside eager bf16 (default: all, and torchao's int8 configurations)")
     parser.add_argument("--two-threads", metavar="RUNTIME", default=None,
+                        choices=("eager-bf16", "float32", "int8", "int8-static"),
                         help="also time two drafter contexts of RUNTIME stepping on two Python threads at once "
-                             "against the same steps in turn (can rows of a batch draft in parallel?)")
+                             "against the same steps in turn (can rows of a batch draft in parallel?); not "
+                             "'compiled', whose contexts share one cache")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -115,8 +117,10 @@ def main() -> None:
         if target_step:
             line += f" {median / target_step:6.3f}"
         print(line)
-    if args.two_threads:
+    if args.two_threads in models:
         _two_threads(models[args.two_threads], context, args.steps)
+    elif args.two_threads:
+        print(f"--two-threads {args.two_threads}: that runtime was not measured (see --runtimes)")
 
 
 def _two_threads(model, context: torch.Tensor, steps: int, repeats: int = 3) -> None:
