@@ -219,13 +219,13 @@ def speculative_generate(
         # the target's prompt but its last token (that one is fed with the first draft), the drafter's prompt
         # and then its first draft on a second thread meanwhile: the first draft depends on the prompt alone
         # (and the drafter's own randomness, drawn in the same order), so outputs are unchanged, and the
-        # drafter's prefill and first draft leave the critical path
+        # drafter's prefill and first draft leave the critical path. This prefill verifies nothing, so it is not
+        # a target forward (DecodingStats): the call counts the forwards it would count without the overlap
         with ThreadPoolExecutor(max_workers=1) as pool:
             drafting = pool.submit(_prefill_and_draft, proposer, ids)
             with stats.timer("target_s"):
                 extra = _forward_kwargs(target, cache, prompt_positions, cached, ids.shape[1] - 1)
                 target(input_ids=ids[:, cached:-1], use_cache=True, logits_to_keep=1, **extra)
-            stats.target_forwards += 1
             first_draft = drafting.result()
     finished = False
     while not finished:

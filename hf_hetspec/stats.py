@@ -2,7 +2,11 @@
 
 Conventions (the field's, written down once):
 
-* a *target forward* is one forward pass of the target over the last accepted token plus the draft;
+* a *target forward* is one forward pass of the target over the last accepted token plus the draft (in the
+  first round, over the uncached prompt plus the draft). Where the target prefills its prompt but the last token
+  on its own while the drafter prefills beside it (:func:`hf_hetspec.decoding.overlaps_prefill`), that prefill
+  verifies nothing and is not counted (its time is in ``target_s``), so the count does not depend on whether the
+  machine had a core to spare;
 * ``drafted_tokens`` counts draft tokens in the *target* vocabulary handed to verification;
 * ``accepted_tokens`` counts draft tokens the target accepted (the target's own correction/bonus token is
   not a draft token and is not counted here);

@@ -138,6 +138,31 @@ def test_prefilling_the_drafter_on_a_second_thread_keeps_the_sampled_distributio
     assert len(threads) >= 300
 
 
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
+def test_the_prefill_beside_the_drafters_is_not_counted_as_a_target_forward(toy_pair, algorithm, monkeypatch):
+    """The target's prefill run beside the drafter's verifies nothing: a greedy call counts the same target
+    forwards, drafted and accepted tokens with the overlap as without it, so whether the machine had a core to
+    spare does not change the tokens per forward a run reports (it once dropped them below 1.0)."""
+    import hf_hetspec
+
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    counts = {}
+    for overlap in (False, True):
+        monkeypatch.setattr(decoding, "overlaps_prefill", lambda target, proposer, overlap=overlap: overlap)
+        hf_hetspec.enable(toy_pair.target)
+        try:
+            toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
+                                     assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
+                                     max_new_tokens=NEW_TOKENS, do_sample=False)
+            stats = hf_hetspec.last_stats(toy_pair.target)
+        finally:
+            hf_hetspec.disable(toy_pair.target)
+        counts[overlap] = (stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens, stats.new_tokens)
+    assert counts[True] == counts[False]
+    forwards, _, accepted, new = counts[True]
+    assert accepted > 0 and new <= accepted + forwards  # a forward adds its accepted drafts and one token at most
+
+
 @pytest.mark.parametrize("algorithm", ["slem", "tli"])
 def test_the_first_draft_is_made_beside_the_targets_prefill_and_seeded_calls_repeat(toy_pair, algorithm,
                                                                                     monkeypatch):
