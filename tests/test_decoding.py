@@ -105,19 +105,28 @@ def _with_overlap(monkeypatch):
     return threads
 
 
+def _toy_generate(toy_pair, ids, algorithm, **kwargs):
+    """``(output, DecodingStats)`` of hf_hetspec's ``generate()`` on the toy pair (``NEW_TOKENS`` new tokens); the
+    target is disabled again afterwards."""
+    import hf_hetspec
+
+    hf_hetspec.enable(toy_pair.target)
+    try:
+        out = toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
+                                       assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
+                                       max_new_tokens=NEW_TOKENS, **kwargs)
+        return out, hf_hetspec.last_stats(toy_pair.target)
+    finally:
+        hf_hetspec.disable(toy_pair.target)
+
+
 @pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
 def test_prefilling_the_drafter_on_a_second_thread_keeps_greedy_output(toy_pair, algorithm, monkeypatch):
     import threading
 
-    import hf_hetspec
-
     threads = _with_overlap(monkeypatch)
     ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
-    hf_hetspec.enable(toy_pair.target)
-    out = toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
-                                   assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
-                                   max_new_tokens=NEW_TOKENS, do_sample=False)
-    stats = hf_hetspec.last_stats(toy_pair.target)
+    out, stats = _toy_generate(toy_pair, ids, algorithm, do_sample=False)
     plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert torch.equal(out, plain)
     assert threads and threads[0] != threading.get_ident()  # it ran, on another thread
@@ -143,20 +152,11 @@ def test_the_prefill_beside_the_drafters_is_not_counted_as_a_target_forward(toy_
     """The target's prefill run beside the drafter's verifies nothing: a greedy call counts the same target
     forwards, drafted and accepted tokens with the overlap as without it, so whether the machine had a core to
     spare does not change the tokens per forward a run reports (it once dropped them below 1.0)."""
-    import hf_hetspec
-
     ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
     counts = {}
     for overlap in (False, True):
         monkeypatch.setattr(decoding, "overlaps_prefill", lambda target, proposer, overlap=overlap: overlap)
-        hf_hetspec.enable(toy_pair.target)
-        try:
-            toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
-                                     assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
-                                     max_new_tokens=NEW_TOKENS, do_sample=False)
-            stats = hf_hetspec.last_stats(toy_pair.target)
-        finally:
-            hf_hetspec.disable(toy_pair.target)
+        _, stats = _toy_generate(toy_pair, ids, algorithm, do_sample=False)
         counts[overlap] = (stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens, stats.new_tokens)
     assert counts[True] == counts[False]
     forwards, _, accepted, new = counts[True]
@@ -171,19 +171,12 @@ def test_the_first_draft_is_made_beside_the_targets_prefill_and_seeded_calls_rep
     overlap, so it writes the same tokens, and greedy output stays the target's."""
     import threading
 
-    import hf_hetspec
     from hf_hetspec.drafter import DrafterContext
 
     ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
 
     def run(**kwargs):
-        hf_hetspec.enable(toy_pair.target)
-        try:
-            return toy_pair.target.generate(ids, assistant_model=toy_pair.drafter, tokenizer=toy_pair.target_tokenizer,
-                                            assistant_tokenizer=toy_pair.drafter_tokenizer, hetspec_algorithm=algorithm,
-                                            max_new_tokens=NEW_TOKENS, **kwargs)
-        finally:
-            hf_hetspec.disable(toy_pair.target)
+        return _toy_generate(toy_pair, ids, algorithm, **kwargs)[0]
 
     sampled = dict(do_sample=True, temperature=1.0, top_k=5)
     alone = run(**sampled, hetspec_generator=torch.Generator().manual_seed(3))
