@@ -69,12 +69,16 @@ def overlaps_prefill(target, proposer: Proposer) -> bool:
     on the CPU, a core left beyond PyTorch's intra-op threads and not taken by other processes (the 1-minute
     load average, this process's own included, below the core count minus one half), and at least
     :data:`OVERLAP_PREFILL_MIN` drafter tokens to prefill. A prefill is compute-bound, so the two run side by
-    side at nearly full speed on two free cores; on a GPU both would queue on the same device.
+    side at nearly full speed on two free cores; on a GPU both would queue on the same device. Never where the
+    source policy never drafts (``verify_cost >= 1``, :attr:`hf_hetspec.sources.SourcePolicy.never_drafts`): there the
+    drafter's prefill would only take memory bandwidth from the target's and split its prompt into two forwards.
 
     Measured (``benchmarks/overlap_prefill.py``, 3 Spec-Bench summarization prompts of 422-709 tokens, SLEM
     greedy, one thread): 2.28x the target alone with the overlap against 2.15x without on an idle 2-core
     machine; with another benchmark on the second core, 1.96x against 2.05x (hence the load check)."""
     if not hasattr(proposer, "prefill_drafter"):  # not a PrefillingProposer (e.g. scripted drafts)
+        return False
+    if getattr(proposer, "never_drafts", False):  # the drafter will not run: its prefill would be wasted
         return False
     uncached = proposer.prefill_tokens
     on_cpu = model_device(target).type == "cpu" and proposer.drafter_device.type == "cpu"

@@ -163,10 +163,16 @@ class SourcePolicy:
     failures: int = 0
     wait: int = MIN_BACK_OFF
 
+    @property
+    def never_drafts(self) -> bool:
+        """Every round's source is ``"none"``: one verified token costs a whole target forward or more
+        (``verify_cost >= 1``), so a k-token draft would cost at least k + 1 forwards for at most k + 1 tokens."""
+        return self.back_off and self.verify_cost >= 1.0
+
     def choose(self, lookup_available: bool) -> str:
         """The source of the next round."""
-        if self.back_off and self.verify_cost >= 1.0:
-            return "none"  # a k-token draft would cost at least k + 1 forwards for at most k + 1 tokens
+        if self.never_drafts:
+            return "none"
         lookup, drafter = self.estimates["lookup"], self.estimates["drafter"]
         if self.lookup and lookup_available:
             if lookup.rounds == 0 or lookup.idle >= PROBE_INTERVAL or lookup.rate >= drafter.rate:
@@ -259,6 +265,12 @@ class SourcedProposer:
         if source == "drafter":
             self.inner.update_schedule(num_accepted)
         self.policy.record(source, drafted, min(num_accepted, drafted), forwards)
+
+    @property
+    def never_drafts(self) -> bool:
+        """The policy will choose ``"none"`` every round (:attr:`SourcePolicy.never_drafts`): the drafter is never
+        run, so nothing prefills it beside the target (:func:`hf_hetspec.decoding.overlaps_prefill`)."""
+        return self.policy.never_drafts
 
     @property
     def truncated_tokens(self) -> int:

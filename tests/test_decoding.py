@@ -86,6 +86,9 @@ def test_a_loop_that_does_not_roll_back_its_cache_is_caught(toy_pair, reference,
 # --------------------------------------------------------------------------------------------------------
 
 
+_ORIGINAL_OVERLAPS_PREFILL = decoding.overlaps_prefill
+
+
 def _with_overlap(monkeypatch):
     """Force the overlapped prefill (the toy prompts are short) and record the thread each drafter prefill ran
     on; returns that list."""
@@ -195,6 +198,36 @@ def test_the_first_draft_is_made_beside_the_targets_prefill_and_seeded_calls_rep
     assert steps[0] != threading.get_ident() and threading.get_ident() in steps
     plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert torch.equal(run(do_sample=False), plain)
+
+
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
+def test_no_drafter_prefill_beside_the_target_where_the_policy_never_drafts(toy_pair, algorithm, monkeypatch):
+    """Where one verified token costs a whole forward (``verify_cost >= 1``: bf16 on a CPU without bf16
+    instructions) the source policy never drafts, so the drafter's prefill beside the target's would only slow it
+    and split its prompt into two forwards (on such a CPU that split moved a greedy output to a bf16 tie): the
+    drafter does not run at all, and the output is the target's. With the default ``v`` the same machine state
+    does overlap, so the check can fail."""
+    import dataclasses
+    import threading
+
+    from hf_hetspec.schedule import choose_schedule
+
+    threads = _with_overlap(monkeypatch)
+    monkeypatch.setattr(decoding, "overlaps_prefill", _ORIGINAL_OVERLAPS_PREFILL)  # the real rule, on a free core:
+    monkeypatch.setattr(decoding.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(decoding.os, "getloadavg", lambda: (1.0, 1.0, 1.0), raising=False)
+    monkeypatch.setattr(decoding.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(decoding, "OVERLAP_PREFILL_MIN", 1)
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+
+    out, stats = _toy_generate(toy_pair, ids, algorithm, do_sample=False, 
+                               hetspec_schedule=dataclasses.replace(choose_schedule(algorithm), verify_cost=1.0))
+    assert torch.equal(out, plain)
+    assert threads == [] and stats.drafter_forwards == 0 and stats.drafted_tokens == 0
+
+    _toy_generate(toy_pair, ids, algorithm, do_sample=False)  # the default v: the prefill runs beside
+    assert threads and threads[0] != threading.get_ident()
 
 
 def test_the_drafter_prefills_on_a_second_thread_only_for_long_prompts_on_a_free_cpu_core(toy_pair, monkeypatch):
