@@ -121,14 +121,22 @@ def verify_cost(device, dtype) -> float:
     if getattr(device, "type", str(device)) != "cpu":
         return VERIFY_COSTS["native"]
     if dtype in (torch.bfloat16, torch.float16):
-        check = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
-                 else torch.ops.mkldnn._is_mkldnn_fp16_supported)
-        try:
-            native = bool(check())
-        except (AttributeError, RuntimeError):  # a torch build without oneDNN
-            native = False
-        return VERIFY_COSTS["native" if native else "cpu-emulated-half"]
+        return VERIFY_COSTS["native" if cpu_has_half_instructions(dtype) else "cpu-emulated-half"]
     return VERIFY_COSTS["cpu-float32"]
+
+
+def cpu_has_half_instructions(dtype) -> bool:
+    """Whether this CPU computes ``dtype`` (``torch.bfloat16`` or ``torch.float16``) with instructions of its own
+    (oneDNN's check: e.g. AVX-512 BF16 or AMX), rather than by conversion to float32; ``False`` on a torch build
+    without oneDNN."""
+    import torch
+
+    check = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
+             else torch.ops.mkldnn._is_mkldnn_fp16_supported)
+    try:
+        return bool(check())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return False
 #: ``c`` per drafter runtime: drafter step seconds / target step seconds, SmolLM2-135M drafter, bf16
 #: Qwen2.5-Coder-1.5B target, one CPU thread (``hf-hetspec bench`` measures it as ``cost_ratio``: 0.165 eager,
 #: 0.06-0.08 int8, 0.056 int8-static). A fixed table rather than the call's clock keeps the source policy

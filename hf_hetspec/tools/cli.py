@@ -43,6 +43,7 @@ from .common import (DEMO_DEFAULT, DEMO_DRAFTER, DEMO_FULL, DEMO_TARGET, DTYPES,
                      default_device, fetch_model, load_model, prompt_ids, quiet_transformers, set_threads)
 from .progress import Steps, status
 from .prompts import MissingHumanEval, demo_prompts
+from .reports import machine_summary
 from .runner import METHODS, MethodError, MethodRun, Runner, machine_info, method_label, summarize
 from .tasks import TaskError
 
@@ -256,9 +257,7 @@ def cmd_demo(args) -> int:
         drafter, drafter_tok = load_model("--drafter", args.drafter, args.dtype, device)
     info = machine_info(device)
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    where = info.get("gpu") or (
-        f"{info['cpu']}, {info['cpu_count']} cores, {info['torch_threads']} torch threads"
-    )
+    where = machine_summary(info)
     out.print(
         f"target {args.target}, drafter {args.drafter}, {dtype} on {device} ({where}); "
         f"torch {info['torch']}, transformers {info['transformers']}; greedy, {max_new_tokens} new tokens, "

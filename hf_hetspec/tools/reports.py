@@ -39,6 +39,18 @@ TRANSFORMERS_SAMPLING_NOTE = (
 )
 
 
+def machine_summary(info: dict) -> str:
+    """One line for a report's header: the GPU, or the CPU with its instructions, cores and torch threads (runs
+    recorded before the instructions were recorded show without them)."""
+    if info.get("gpu"):
+        return info["gpu"]
+    cpu = info["cpu"]
+    if info.get("cpu_instructions"):
+        bf16 = "bf16 instructions" if info.get("bf16_instructions") else "no bf16 instructions"
+        cpu = f"{cpu} ({info['cpu_instructions']}, {bf16})"
+    return f"{cpu}, {info['cpu_count']} cores, {info['torch_threads']} torch threads"
+
+
 def _f(value, spec: str = ".2f", suffix: str = "") -> str:
     return "" if value is None else format(value, spec) + suffix
 
@@ -46,9 +58,7 @@ def _f(value, spec: str = ".2f", suffix: str = "") -> str:
 def markdown_report(result: dict) -> str:
     """The run as Markdown: a header line, the results table and, with a sweep, the lookahead table."""
     config, machine = result["config"], result["machine"]
-    where = machine.get("gpu") or (
-        f"{machine['cpu']}, {machine['cpu_count']} cores, torch threads {machine['torch_threads']}"
-    )
+    where = machine_summary(machine)
     homogeneous = config["homogeneous_drafter"]
     suite = result.get("suite_summary") or {}
     lines = [

@@ -33,3 +33,15 @@ def test_sampled_transformers_rows_prune_a_copy_of_the_drafter_made_once():
     assert runner.hetspec(ids).new_tokens == 4
     assert runner.transformers_assisted(ids).new_tokens == 4 and runner.builtin_drafter is builtin
     assert drafter.get_output_embeddings() is head and head.weight.shape[0] == len(drafter_tokenizer)
+
+
+def test_machine_info_records_the_cpu_instructions_that_set_its_speed_class(monkeypatch):
+    """Two CPUs that both read "AMD EPYC" measured 4x apart in bf16 (AVX2 against AVX-512 BF16): the record says
+    which vector instructions PyTorch uses and whether bf16 has its own, by the same check that sets ``v``."""
+    from hf_hetspec.tools import runner
+
+    info = runner.machine_info("cpu")
+    assert info["cpu_instructions"] == torch.backends.cpu.get_cpu_capability()
+    for native in (True, False):
+        monkeypatch.setattr(runner, "cpu_has_half_instructions", lambda dtype, native=native: native)
+        assert runner.machine_info("cpu")["bf16_instructions"] is native
