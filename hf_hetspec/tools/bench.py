@@ -43,7 +43,8 @@ independently, as the formula assumes.
 
 ``--suite spec-bench`` (:data:`SUITES`) presets the evaluation of issue 26; ``--half tune|report|all`` takes
 each category's tuning or report half (:func:`hf_hetspec.tools.tasks.split_half`). Every call records the
-1-minute load average before and after it and whether that makes it contended (:func:`contended`);
+1-minute load average before and after it and whether that makes it contended (:func:`contended`), and the
+target's reference step timed before each prompt shows a slowdown the load average misses (:func:`reference_drift`);
 :func:`suite_summary` gives the geometric mean over the Spec-Bench categories and the slowest prompt.
 
 The drafter runtime's one-off cost (``config.drafter_runtime``: the runtime, the seconds spent making its
@@ -80,13 +81,15 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
                                                           "speedup", "vs_transformers"}],
                        "min_prompt_speedup": [{"temperature", "method", "label", "speedup", "task",
                                                "prompt_id", "seed", "prompts", "below_floor"}],
-                       "prompt_speedup_floor", "calls", "contended_calls", "load_max", "contended_rule"},
+                       "prompt_speedup_floor", "calls", "contended_calls", "load_max", "contended_rule",
+                       "reference_step": {"prompts", "min_ms", "median_ms", "max_ms", "drifted_prompts", "margin",
+                                          "rule"}},
      "lookahead_sweep": [{"task", "temperature", "algorithm", "lookahead" (int or "adaptive"),
                           "tokens_per_second", "speedup", "acceptance_rate", "tokens_per_forward",
                           adaptive rows also: "best_fixed_lookahead", "adaptive_vs_best",
                           "within_10_percent"}],
      "records": [{"task", "prompt_id", "turn", "temperature", "seed", "method", "label", "algorithm",
-                  "lookahead", "sweep", "load_before", "load_after", "contended",
+                  "lookahead", "sweep", "load_before", "load_after", "contended", "reference_step_s",
                   ...runner.MethodRun.record()}]}
 
 Fields that do not apply are ``null`` (e.g. the target alone's acceptance rate, verdicts when sampling).
@@ -138,6 +141,10 @@ SUITES = {
 PROMPT_SPEEDUP_FLOOR = 0.95
 #: See :func:`contended`.
 CONTENDED_MARGIN = 0.5
+#: See :func:`reference_drift`: a prompt whose reference step is this much slower than the run's fastest.
+DRIFT_MARGIN = 0.10
+#: Prompt tokens (of the warm-up message) prefilled before the reference step.
+REFERENCE_TOKENS = 8
 COST_RATIO_METHOD = (
     "c = drafter step / target step: median wall seconds of 5 single-token forwards of each model after "
     "prefilling the first prompt (hf_hetspec.tools.runner.step_seconds), measured once per run"
@@ -162,6 +169,38 @@ def contended(load_before: float | None, load_after: float | None, threads: int)
     seen only by the next read. ``None`` (no load average on this OS) is never contended.
     """
     return any(load is not None and load > threads + CONTENDED_MARGIN for load in (load_before, load_after))
+
+
+def reference_drift(records: list[dict]) -> dict:
+    """``suite_summary.reference_step`` of ``bench.json``: the target's reference step over the run.
+
+    Before each prompt the bench times one single-token forward of the target after a short fixed prompt
+    (``reference_step_s`` of that prompt's records; :func:`hf_hetspec.tools.runner.step_seconds`, median of 3).
+    The work is the same every time, so a slower step means the machine slowed down, which the load average
+    does not always show: a host's other guests or its memory bandwidth (2026-12-03: the same translation and QA
+    calls took the target alone 25% longer in one run than in another, both at load 1.0). Such a slowdown hits the
+    memory-bound target more than an int8 drafter and moves speedups; compare this figure between runs too.
+
+    Returns:
+        ``{"prompts", "min_ms", "median_ms", "max_ms", "drifted_prompts", "margin", "rule"}`` (the times ``None``
+        for a run without reference steps); ``drifted_prompts`` counts the prompts whose step exceeds the run's
+        fastest by more than :data:`DRIFT_MARGIN`.
+    """
+    steps = {}
+    for r in records:
+        if r.get("reference_step_s") is not None:
+            steps[(r["task"], r["prompt_id"])] = r["reference_step_s"]
+    times = sorted(steps.values())
+    fastest = times[0] if times else None
+    return {
+        "prompts": len(times),
+        "min_ms": 1000 * fastest if times else None,
+        "median_ms": 1000 * statistics.median(times) if times else None,
+        "max_ms": 1000 * times[-1] if times else None,
+        "drifted_prompts": sum(t > fastest * (1 + DRIFT_MARGIN) for t in times),
+        "margin": DRIFT_MARGIN,
+        "rule": f"the target's reference step before a prompt > the run's fastest x {1 + DRIFT_MARGIN:g}",
+    }
 
 
 def load_average() -> float | None:
@@ -217,10 +256,11 @@ def decoding_runs(temperatures: list[float], seeds: list[int]) -> list[tuple[flo
 
 def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int], object],
                     specs: list[MethodSpec], sweep: list[MethodSpec], target_tokenizer, chat_template: bool,
-                    advance=None, load=load_average, threads: int | None = None) -> list[dict]:
+                    advance=None, load=load_average, threads: int | None = None, reference_step=None) -> list[dict]:
     """Run every method on every prompt, turn, temperature and seed; one record per call, with the 1-minute
-    load average read before and after the call (``load_before``, ``load_after``) and whether that makes the
-    call ``contended`` (:func:`contended`).
+    load average read before and after the call (``load_before``, ``load_after``), whether that makes the
+    call ``contended`` (:func:`contended`) and the reference step timed before its prompt
+    (``reference_step_s``, :func:`reference_drift`).
 
     Args:
         prompts: the prompts.
@@ -231,10 +271,13 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
         advance: called with a description before each call (progress display).
         load: returns the 1-minute load average (or ``None``); a fake in tests.
         threads: the torch CPU threads of the run (default ``torch.get_num_threads()``).
+        reference_step: returns the seconds of the reference step, called once before each prompt (``None``: no
+            reference step, ``reference_step_s`` is ``None``).
     """
     threads = torch.get_num_threads() if threads is None else threads
     records = []
     for prompt in prompts:
+        reference_s = reference_step() if reference_step is not None else None
         for (temperature, seed), runner in runners.items():
             messages: list[dict] = []
             for turn, message in enumerate(prompt.turns, 1):
@@ -260,6 +303,7 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
                         "lookahead": None if spec.method == "target" else lookahead,
                         "load_before": load_before, "load_after": load_after,
                         "contended": contended(load_before, load_after, threads),
+                        "reference_step_s": reference_s,
                     })
                 reply = reference.record(target_tokenizer, "")["text"]
                 messages.append({"role": "assistant", "content": reply})
@@ -397,6 +441,7 @@ def suite_summary(results: list[dict], records: list[dict], half: str) -> dict:
       (:func:`prompt_speedups`), its task, id and seed, and how many prompts fell below
       :data:`PROMPT_SPEEDUP_FLOOR`.
     * ``calls``, ``contended_calls``, ``load_max``: over every call of the run (:func:`contended`).
+    * ``reference_step``: :func:`reference_drift`.
     """
     main = [r for r in results if r["method"] != "target"]
     categories = [c for c in SPEC_BENCH_CATEGORIES if any(r["task"] == c for r in main)]
@@ -429,7 +474,8 @@ def suite_summary(results: list[dict], records: list[dict], half: str) -> dict:
     return {"half": half, "categories": categories, "geomean": geomean, "min_prompt_speedup": minimum,
             "prompt_speedup_floor": PROMPT_SPEEDUP_FLOOR, "calls": len(records),
             "contended_calls": totals["contended_calls"], "load_max": totals["load_max"],
-            "contended_rule": f"1-minute load average before or after a call > torch threads + {CONTENDED_MARGIN}"}
+            "contended_rule": f"1-minute load average before or after a call > torch threads + {CONTENDED_MARGIN}",
+            "reference_step": reference_drift(records)}
 
 
 def summarize_sweep(records: list[dict]) -> list[dict]:
@@ -623,7 +669,9 @@ def cmd_bench(args) -> int:
                 calls.done()
             calls.start(description)
 
-        records = collect_records(prompts, runners, specs, sweep, target_tok, chat, advance)
+        reference_ids = warm[:, :REFERENCE_TOKENS]
+        records = collect_records(prompts, runners, specs, sweep, target_tok, chat, advance,
+                                  reference_step=lambda: step_seconds(target, reference_ids, repeats=3))
         calls.done()
 
     result = {

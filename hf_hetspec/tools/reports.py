@@ -23,6 +23,13 @@ ALPHA_NOTE = (
     "verification reached (a rejection ends a round; the acceptance column, accepted / drafted, also counts "
     "the tokens drafted after it)."
 )
+#: Printed at the top of a report when the target's reference step slowed during the run
+#: (hf_hetspec.tools.bench.reference_drift).
+DRIFT_WARNING = (
+    "WARNING: the target's reference step (one token, timed before each prompt) ran {drifted} of {prompts} prompts "
+    "more than {margin:.0%} slower than its fastest ({min_ms:.0f} to {max_ms:.0f} ms): the machine slowed during "
+    "the run, which the load average may not show; speedups of those prompts lean on a slower target."
+)
 #: Printed at the top of a report when any call was contended (hf_hetspec.tools.bench.contended).
 CONTENDED_WARNING = (
     "WARNING: {contended} of {calls} calls ran while another job shared the machine (1-minute load average "
@@ -77,6 +84,14 @@ def markdown_report(result: dict) -> str:
     if suite.get("contended_calls"):
         lines += ["", CONTENDED_WARNING.format(contended=suite["contended_calls"], calls=suite["calls"],
                                                load_max=suite["load_max"])]
+    step = suite.get("reference_step") or {}
+    if step.get("prompts"):
+        lines += ["", f"Reference step (the target's one-token forward before each prompt): median "
+                  f"{step['median_ms']:.0f} ms, {step['min_ms']:.0f} to {step['max_ms']:.0f} ms over "
+                  f"{step['prompts']} prompts."]
+        if step["drifted_prompts"]:
+            lines += ["", DRIFT_WARNING.format(drifted=step["drifted_prompts"], prompts=step["prompts"],
+                                               margin=step["margin"], min_ms=step["min_ms"], max_ms=step["max_ms"])]
     lines += [
         "",
         "| task | T | method | tokens/s | speedup | vs UAG | TPOT ms | TTFT ms | acceptance | tokens/forward "

@@ -163,6 +163,37 @@ def test_records_carry_the_load_before_and_after_each_call_and_summaries_count_c
     assert "WARNING" not in reports.markdown_report(quiet)
 
 
+def test_a_reference_step_before_each_prompt_shows_a_slowdown_the_load_average_misses():
+    """The reference step runs once per prompt (not per call or turn), lands in that prompt's records, and a
+    prompt whose step is more than DRIFT_MARGIN slower than the run's fastest is counted and warned about, with the
+    load average quiet throughout."""
+    tokenizer = toy.byte_level_bpe_tokenizer()
+    prompts = [tasks.BenchPrompt("qa", "spec-bench/1", ("Where is it?",)),
+               tasks.BenchPrompt("mt_bench", "spec-bench/2", ("Say it.", "Again.")),
+               tasks.BenchPrompt("rag", "spec-bench/3", ("Read this. Where is it?",))]
+    steps = iter([0.200, 0.219, 0.221])  # seconds; the third is 10.5% over the fastest
+    specs = bench.method_specs(["auto"], transformers=False, homogeneous=False)
+    records = bench.collect_records(prompts, {(0.0, 0): FakeRunner()}, specs, [], tokenizer, True,
+                                    load=lambda: 0.5, threads=1, reference_step=lambda: next(steps))
+    assert [r["reference_step_s"] for r in records] == [0.200] * 2 + [0.219] * 4 + [0.221] * 2
+    drift = bench.reference_drift(records)
+    assert drift["prompts"] == 3 and drift["drifted_prompts"] == 1 and drift["margin"] == bench.DRIFT_MARGIN
+    assert (round(drift["min_ms"]), round(drift["median_ms"]), round(drift["max_ms"])) == (200, 219, 221)
+    rows = bench.summarize_results(records, {"target": 1.0, "drafter": 0.1})
+    summary = bench.suite_summary(rows, records, "report")
+    assert summary["contended_calls"] == 0 and summary["reference_step"] == drift
+    result = {"config": _config(), "machine": _machine(), "results": rows, "suite_summary": summary,
+              "lookahead_sweep": [], "records": records}
+    report = reports.markdown_report(result)
+    assert "median 219 ms, 200 to 221 ms over 3 prompts" in report
+    assert "WARNING: the target's reference step" in report and "ran 1 of 3 prompts more than 10% slower" in report
+    steady = [dict(r, reference_step_s=0.2) for r in records]
+    assert bench.reference_drift(steady)["drifted_prompts"] == 0
+    assert "WARNING" not in reports.markdown_report(dict(result, suite_summary=bench.suite_summary(
+        rows, steady, "report")))
+    assert bench.reference_drift([dict(r, reference_step_s=None) for r in records])["min_ms"] is None
+
+
 def _config():
     return {"date": "2026-12-02", "dtype": "float32", "target": "t", "drafter": "d", "homogeneous_drafter": None,
             "max_new_tokens": 10, "chat_template": True, "command": "hf-hetspec bench --suite spec-bench",
