@@ -39,6 +39,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
 from .proposer import Draft, HeterogeneousProposer
+from .schedule import MAX_LOOKAHEAD
 from .slem import SLEMProposer
 from .sources import SourcedProposer
 from .slrs import SLRSProposer
@@ -74,6 +75,15 @@ class HetspecCandidateGenerator(CandidateGenerator):
         self.stats = stats if stats is not None else proposer.stats
         self._drafted = 0
         self._handed_over_at: float | None = None
+
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens a round drafts, as transformers >= 5.25's ``_assisted_decoding`` asks of every
+        candidate generator (it keeps that many steps of a hybrid cache's recurrent states for the rollback).
+        hf_hetspec refuses targets with such states (:func:`hf_hetspec.checks.check_model_supported`), so only
+        attention caches reach here, which ignore the figure: the proposer's draft length cap in drafter tokens,
+        ``max(MAX_LOOKAHEAD, lookahead)`` (:mod:`hf_hetspec.schedule`)."""
+        return max(MAX_LOOKAHEAD, getattr(self.proposer, "lookahead", 0) or 0)
 
     @classmethod
     def from_plan(cls, plan: DecodingPlan, drafter, input_ids: torch.LongTensor,

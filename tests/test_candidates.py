@@ -211,6 +211,19 @@ def test_generator_for_another_algorithm_is_refused(toy_pair):
         SLRSCandidateGenerator(tli.proposer)
 
 
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "slrs"])
+def test_generators_say_how_many_tokens_a_round_drafts_at_most(toy_pair, algorithm):
+    """transformers >= 5.25's loop reads ``num_drafting_tokens`` of every candidate generator before its first
+    round (an AttributeError there before this property): at least the proposer's lookahead, an int."""
+    from hf_hetspec.schedule import MAX_LOOKAHEAD
+
+    generator = GENERATORS[algorithm].for_call(toy_pair.target, toy_pair.drafter, _ids(toy_pair, "the"),
+                                               GenerationConfig(max_new_tokens=4), tokenizer=toy_pair.target_tokenizer,
+                                               assistant_tokenizer=toy_pair.drafter_tokenizer)
+    assert isinstance(generator.num_drafting_tokens, int)
+    assert generator.num_drafting_tokens >= max(MAX_LOOKAHEAD, generator.proposer.lookahead)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Exact in transformers' loop
 # ---------------------------------------------------------------------------------------------------
