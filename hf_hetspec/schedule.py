@@ -137,6 +137,8 @@ def cpu_has_half_instructions(dtype) -> bool:
         return bool(check())
     except (AttributeError, RuntimeError):  # a torch build without oneDNN
         return False
+
+
 #: ``c`` per drafter runtime: drafter step seconds / target step seconds, SmolLM2-135M drafter, bf16
 #: Qwen2.5-Coder-1.5B target, one CPU thread (``hf-hetspec bench`` measures it as ``cost_ratio``: 0.165 eager,
 #: 0.06-0.08 int8, 0.056 int8-static). A fixed table rather than the call's clock keeps the source policy
