@@ -39,7 +39,6 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .plan import DecodingPlan, HetspecArguments, build_proposer, make_plan
 from .proposer import Draft, HeterogeneousProposer
-from .schedule import MAX_LOOKAHEAD
 from .slem import SLEMProposer
 from .sources import SourcedProposer
 from .slrs import SLRSProposer
@@ -81,9 +80,10 @@ class HetspecCandidateGenerator(CandidateGenerator):
         """The most tokens a round drafts, as transformers >= 5.25's ``_assisted_decoding`` asks of every
         candidate generator (it keeps that many steps of a hybrid cache's recurrent states for the rollback).
         hf_hetspec refuses targets with such states (:func:`hf_hetspec.checks.check_model_supported`), so only
-        attention caches reach here, which ignore the figure: the proposer's draft length cap in drafter tokens,
-        ``max(MAX_LOOKAHEAD, lookahead)`` (:mod:`hf_hetspec.schedule`)."""
-        return max(MAX_LOOKAHEAD, getattr(self.proposer, "lookahead", 0) or 0)
+        attention caches reach here, which ignore the figure: the cap of the proposer's lookahead in drafter
+        tokens (:attr:`hf_hetspec.schedule.AdaptiveLookahead.cap`)."""
+        inner = self.proposer.inner if isinstance(self.proposer, SourcedProposer) else self.proposer
+        return inner.adaptive_lookahead.cap
 
     @classmethod
     def from_plan(cls, plan: DecodingPlan, drafter, input_ids: torch.LongTensor,
