@@ -55,7 +55,7 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
 from .drafter import model_device
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import DraftPolicy, HeterogeneousProposer, Proposer
-from .runtime import PreparedDrafter, prepare_drafter
+from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
     COST_RATIOS,
     DEFAULT_LOOKAHEAD,
@@ -70,7 +70,7 @@ from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import 
     verify_cost,
 )
 from .slem import SLEMProposer
-from .sources import with_sources
+from .sources import never_drafts, with_sources
 from .slrs import SLRSProposer
 from .stats import DecodingStats
 from .tli import TLIProposer
@@ -303,12 +303,19 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     check_batch(target, args, call, config, rest)
     check_loop(args, config.stop_strings, call, rest)
     check_drafter_weights(drafter)
-    # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
-    prepared = prepare_drafter(drafter, args.drafter_runtime)
     target_verify_cost = verify_cost(model_device(target), target.dtype)
-    schedule = args.schedule or choose_schedule(algorithm, drafter_runtime=prepared.runtime,
-                                                verify_cost=target_verify_cost, sample=bool(config.do_sample),
-                                                **schedule_settings)
+
+    def schedule_for(runtime: str) -> Schedule:
+        return args.schedule or choose_schedule(algorithm, drafter_runtime=runtime, verify_cost=target_verify_cost,
+                                                sample=bool(config.do_sample), **schedule_settings)
+
+    # no drafter copy where the call's source policy (either loop's) will never draft
+    planned = schedule_for(resolve_runtime(drafter, args.drafter_runtime)[0])
+    v = planned.verify_cost if planned.verify_cost is not None else target_verify_cost
+    drafts = not never_drafts(planned.back_off, v)
+    # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
+    prepared = prepare_drafter(drafter, args.drafter_runtime, drafts=drafts)
+    schedule = schedule_for(prepared.runtime)
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     if args.verification == "block" and draft_temperature == 0:  # block verification needs drafts with a q
         draft_temperature = float(config.temperature or 1.0)

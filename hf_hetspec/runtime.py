@@ -101,6 +101,10 @@ class PreparedDrafter:
     note: str = ""
 
 
+#: Why ``"auto"`` made no copy of a drafter the call never runs (:func:`prepare_drafter`, ``drafts=False``).
+NO_DRAFTS_NOTE = ("no drafter copy: a verified token costs this target a whole forward, so no draft pays and the "
+                  "drafter does not run")
+
 _PREPARED: "weakref.WeakKeyDictionary[PreTrainedModel, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -158,7 +162,7 @@ def resolve_runtime(drafter: PreTrainedModel, runtime: str = "auto") -> tuple[st
     return "int8-static", ""
 
 
-def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> PreparedDrafter:
+def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto", *, drafts: bool = True) -> PreparedDrafter:
     """The drafter in ``runtime``, made once per drafter and runtime and cached while the drafter lives.
 
     The copy is made again when the drafter's weights changed since (training steps, ``load_state_dict``).
@@ -166,6 +170,9 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
     Args:
         drafter: the user's drafter; never modified.
         runtime: one of :data:`RUNTIMES` (module docstring).
+        drafts: whether the call may run the drafter at all. ``False`` (the call's source policy never drafts,
+            :func:`hf_hetspec.sources.never_drafts`) makes no copy for ``"auto"``: the drafter as loaded, as
+            ``"eager"``, with :data:`NO_DRAFTS_NOTE`; a runtime the user named is made as asked.
 
     Returns:
         :class:`PreparedDrafter`; its ``prepare_s`` is 0 when the copy came from the cache.
@@ -184,6 +191,8 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto") -> Prepared
             run, or ``"compiled"`` where ``torch.compile`` fails (after the copy is made, before any decoding).
     """
     resolved, note = resolve_runtime(drafter, runtime)
+    if runtime == "auto" and not drafts and resolved != "eager":
+        return PreparedDrafter(peft_base_model(drafter), "eager", 0, 0.0, NO_DRAFTS_NOTE)
     float32 = all(p.dtype == torch.float32 for p in drafter.parameters())
     if resolved == "eager" or (resolved == "float32" and float32):
         return PreparedDrafter(peft_base_model(drafter), resolved, 0, 0.0, note)

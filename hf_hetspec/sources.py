@@ -131,6 +131,15 @@ class SourceEstimate:
         self.rounds += 1
 
 
+def never_drafts(back_off: bool, verify_cost: float) -> bool:
+    """Whether a policy with ``back_off`` chooses ``"none"`` every round: one verified token costs a whole target
+    forward or more (``verify_cost >= 1``, bf16 on a CPU without bf16 instructions), so a k-token draft would
+    cost at least k + 1 forwards for at most k + 1 tokens. The one rule behind :attr:`SourcePolicy.never_drafts`,
+    the prefill overlap's check (:func:`hf_hetspec.decoding.overlaps_prefill`) and the plan's choice to make no
+    drafter copy (:func:`hf_hetspec.plan.make_plan`)."""
+    return back_off and verify_cost >= 1.0
+
+
 @dataclass
 class SourcePolicy:
     """Which source drafts the next round (module docstring).
@@ -165,9 +174,8 @@ class SourcePolicy:
 
     @property
     def never_drafts(self) -> bool:
-        """Every round's source is ``"none"``: one verified token costs a whole target forward or more
-        (``verify_cost >= 1``), so a k-token draft would cost at least k + 1 forwards for at most k + 1 tokens."""
-        return self.back_off and self.verify_cost >= 1.0
+        """Every round's source is ``"none"`` (:func:`never_drafts`)."""
+        return never_drafts(self.back_off, self.verify_cost)
 
     def choose(self, lookup_available: bool) -> str:
         """The source of the next round."""

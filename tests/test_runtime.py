@@ -177,6 +177,34 @@ def test_auto_keeps_tiny_drafters_eager_and_quantizes_large_ones_on_cpu(toy_pair
         runtime.resolve_runtime(toy_pair.drafter, "int8")
 
 
+@pytest.mark.parametrize("loop", ["hetspec", "transformers"])
+def test_auto_makes_no_drafter_copy_where_the_source_policy_never_drafts(toy_pair, monkeypatch, loop):
+    """Where one verified token costs a whole target forward (``verify_cost`` 1.0: bf16 on a CPU without bf16
+    instructions) no draft pays and the drafter never runs, so ``"auto"`` makes no int8 copy (7-11 s and 645 MiB
+    for SmolLM2 on such a CPU): the drafter as loaded, with a note, and the target's output. With the default
+    ``v`` the same call makes the copy, and a runtime the user names is made as asked."""
+    import hf_hetspec.plan as plan
+    from hf_hetspec.schedule import VERIFY_COSTS
+
+    drafter = copy.deepcopy(toy_pair.drafter)  # a drafter no other test prepared
+    monkeypatch.setattr(runtime, "AUTO_INT8_MIN_PARAMETERS", 1)  # "auto" picks int8-static for the toy drafter
+    ids = _ids(toy_pair, "the cat sat")
+    plain = _plain(toy_pair, ids, max_new_tokens=16, do_sample=False)
+    call = dict(hetspec_algorithm="tli", hetspec_loop=loop, max_new_tokens=16, do_sample=False)
+
+    out, stats = _hetspec(toy_pair, ids, drafter, **call)  # the default v: the int8-static copy runs
+    assert torch.equal(out, plain) and stats.drafter_runtime == "int8-static" and stats.drafter_forwards > 0
+    runtime._PREPARED.pop(drafter)
+
+    monkeypatch.setattr(plan, "verify_cost", lambda device, dtype: VERIFY_COSTS["cpu-emulated-half"])
+    out, stats = _hetspec(toy_pair, ids, drafter, **call)
+    assert torch.equal(out, plain)
+    assert stats.drafter_runtime == "eager" and stats.drafter_memory_bytes == 0 and stats.drafter_forwards == 0
+    assert runtime.NO_DRAFTS_NOTE in stats.note and drafter not in runtime._PREPARED
+    _, stats = _hetspec(toy_pair, ids, drafter, hetspec_drafter="int8-static", **call)
+    assert stats.drafter_runtime == "int8-static"
+
+
 @pytest.mark.parametrize("value", ["cuda-graphs", "INT8", 8, None])
 def test_unknown_runtime_is_refused_before_any_work(toy_pair, value):
     counter = ForwardCounter(toy_pair.target, toy_pair.drafter)
