@@ -127,7 +127,7 @@ class HetspecCandidateGenerator(CandidateGenerator):
         """
         args = HetspecArguments(algorithm=cls.algorithm, draft_temperature=hetspec_draft_temperature,
                                 drafter_prompt=assistant_input_ids, drafter_runtime=hetspec_drafter,
-                                loop="transformers")
+                                loop="transformers", target_runtime="eager")  # the caller runs the target
         call = {"inputs": input_ids, "generation_config": generation_config, "assistant_model": drafter}
         plan = make_plan(target, call, {"tokenizer": tokenizer, "assistant_tokenizer": assistant_tokenizer}, args)
         prepared = plan.drafter  # the drafter in its runtime, prepared once by the plan

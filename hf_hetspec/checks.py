@@ -73,6 +73,7 @@ from transformers.generation.configuration_utils import GenerationMode
 from .compat import cache_from_kwargs
 from .drafter import model_device
 from .model_checks import is_peft_model, peft_base_model
+from .packed_target import resolve_target_runtime
 from .runtime import check_runtime, resolve_runtime  # noqa: F401 -- check_runtime lives with the runtime's choice
 from .schedule import DraftStop, Schedule
 from .support import ROLES, model_support
@@ -148,8 +149,9 @@ def check_call(target, drafter, target_tokenizer, drafter_tokenizer, args,
             f"hetspec_generator is on {generator.device.type} but the target's logits are on "
             f"{model_device(target)}: create it there, e.g. torch.Generator(device='{model_device(target).type}')."
         )
-    # hetspec_drafter known and possible for this drafter (a check only: make_plan resolves it when it prepares)
+    # hetspec_drafter and hetspec_target known and possible (checks only: make_plan resolves them when it prepares)
     resolve_runtime(drafter, args.drafter_runtime)
+    resolve_target_runtime(target, args.target_runtime)
     _check_prompt(inputs, model_kwargs)
 
 

@@ -334,9 +334,10 @@ def _generate(self, *args, **kwargs):
     plan = make_plan(self, call, extra, hetspec)
     prepared = plan.drafter  # the drafter's runtime (hf_hetspec.runtime): a copy made once per drafter, cached
     stats = DecodingStats(algorithm=plan.algorithm, verification=plan.verification,
-                          note="; ".join(filter(None, (plan.note, prepared.note))),
+                          note="; ".join(filter(None, (plan.note, prepared.note, plan.target.note))),
                           drafter_runtime=prepared.runtime, drafter_prepare_s=prepared.prepare_s,
-                          drafter_memory_bytes=prepared.memory_bytes)
+                          drafter_memory_bytes=prepared.memory_bytes, target_runtime=plan.target.runtime,
+                          target_prepare_s=plan.target.prepare_s, target_memory_bytes=plan.target.memory_bytes)
     _stats_by_model()[self] = stats
     if plan.stop_strings:
         # transformers drops `tokenizer` for custom_generate callables, so it cannot build this criterion
@@ -351,5 +352,5 @@ def _generate(self, *args, **kwargs):
         call["custom_generate"] = _TransformersLoop(plan, prepared.model, stats, streamer)
     else:
         call["custom_generate"] = _HetSpecDecoding(plan, prepared.model, stats, hetspec.generator, streamer)
-    with torch.no_grad():
+    with torch.no_grad(), plan.target.running():
         return original(**call, **plan.model_kwargs)

@@ -29,7 +29,7 @@ the drafter's copy is made, with a message that names the argument and the fix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -55,6 +55,7 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
 from .drafter import model_device
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import DraftPolicy, HeterogeneousProposer, Proposer
+from .packed_target import PreparedTarget, prepare_target
 from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
     COST_RATIOS,
@@ -117,6 +118,8 @@ class DecodingPlan:
         drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
         verification: ``hetspec_verification``, one of ``VERIFICATIONS`` (:func:`check_verification`).
         verify_cost: ``v`` of the target as it computes (:func:`~hf_hetspec.schedule.verify_cost`).
+        target: the target's runtime in this call (:func:`~hf_hetspec.packed_target.prepare_target`): its
+            layers as they are, or packed as fp16 on a CPU without bf16 instructions.
     """
 
     algorithm: str
@@ -136,6 +139,7 @@ class DecodingPlan:
     drafter_prompt: tuple[int, ...] | None = None
     verification: str = "token"
     verify_cost: float = VERIFY_COST
+    target: PreparedTarget = field(default_factory=lambda: PreparedTarget("eager"))
 
     @property
     def note(self) -> str:
@@ -158,6 +162,8 @@ class HetspecArguments:
         schedule: ``hetspec_schedule``, a :class:`~hf_hetspec.schedule.Schedule` used instead of the default
             (:func:`~hf_hetspec.checks.check_schedule`), or ``None``.
         loop: ``hetspec_loop``, ``"hetspec"`` (default) or ``"transformers"`` (one of ``LOOPS``).
+        target_runtime: ``hetspec_target``, how the target's layers compute (:mod:`hf_hetspec.packed_target`),
+            default ``"auto"``.
     """
 
     algorithm: str = "auto"
@@ -168,9 +174,10 @@ class HetspecArguments:
     verification: str = "token"
     schedule: Schedule | None = None
     loop: str = "hetspec"
+    target_runtime: str = "auto"
 
     KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
-                "hetspec_drafter", "hetspec_verification", "hetspec_schedule", "hetspec_loop")
+                "hetspec_drafter", "hetspec_verification", "hetspec_schedule", "hetspec_loop", "hetspec_target")
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
@@ -178,11 +185,11 @@ class HetspecArguments:
         values = [kwargs.pop(name, None) for name in cls.KEYWORDS]
         given = any(value is not None for value in values)
         (algorithm, generator, draft_temperature, drafter_prompt, drafter_runtime, verification, schedule,
-         loop) = values
+         loop, target_runtime) = values
         return cls("auto" if algorithm is None else algorithm, generator, draft_temperature, drafter_prompt,
                    "auto" if drafter_runtime is None else drafter_runtime,
                    "token" if verification is None else verification, schedule,
-                   "hetspec" if loop is None else loop), given
+                   "hetspec" if loop is None else loop, "auto" if target_runtime is None else target_runtime), given
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -303,7 +310,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     check_batch(target, args, call, config, rest)
     check_loop(args, config.stop_strings, call, rest)
     check_drafter_weights(drafter)
-    target_verify_cost = verify_cost(model_device(target), target.dtype)
+    prepared_target = prepare_target(target, args.target_runtime)
+    target_verify_cost = verify_cost(model_device(target), target.dtype, prepared_target.runtime)
 
     def schedule_for(runtime: str) -> Schedule:
         return args.schedule or choose_schedule(algorithm, drafter_runtime=runtime, verify_cost=target_verify_cost,
@@ -343,6 +351,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         drafter_prompt=drafter_prompt,
         verification=args.verification,
         verify_cost=target_verify_cost,
+        target=prepared_target,
     )
 
 

@@ -35,7 +35,7 @@ prepared once and cached while the drafter lives; the user's drafter is never ch
 
 Drafters with a history: a PEFT ``PeftModel`` runs eager as its transformers model (the adapters live in its
 layers); its copies merge the active adapters into their weights, and are remade when adapters are switched,
-disabled or merged (:func:`_weights_version`). A drafter that is already quantized (:func:`already_quantized`)
+disabled or merged (:func:`weights_version`). A drafter that is already quantized (:func:`already_quantized`)
 is never copied or quantized again: ``"auto"`` uses it as it is, with a note; other runtimes but ``"eager"``
 are refused. A ``torch.compile`` of the drafter's ``forward`` or ``__call__`` is not carried into a copy.
 
@@ -197,7 +197,7 @@ def prepare_drafter(drafter: PreTrainedModel, runtime: str = "auto", *, drafts: 
     if resolved == "eager" or (resolved == "float32" and float32):
         return PreparedDrafter(peft_base_model(drafter), resolved, 0, 0.0, note)
     per_drafter = _PREPARED.setdefault(drafter, {})
-    version = _weights_version(drafter)
+    version = weights_version(drafter)
     seconds = 0.0
     if getattr(per_drafter.get(resolved), "version", None) != version:
         status(f"preparing the drafter's {resolved} copy ({_WHY_IT_TAKES[resolved]}, once per drafter) ...")
@@ -319,7 +319,7 @@ def _decoder_linear_weights(model: PreTrainedModel) -> int:
     return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
 
 
-def _weights_version(model: torch.nn.Module) -> tuple:
+def weights_version(model: torch.nn.Module) -> tuple:
     """Changes when a parameter is replaced or modified in place, or PEFT adapters are switched, disabled or
     merged (the cached copy is then stale)."""
     return tuple((p.data_ptr(), p._version) for p in model.parameters()) + adapter_state(model)

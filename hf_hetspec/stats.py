@@ -39,7 +39,8 @@ Conventions (the field's, written down once):
   vocabulary intersection (0: the full head);
 * ``drafter_runtime`` is the runtime the drafter ran in (:mod:`hf_hetspec.runtime`), ``drafter_memory_bytes``
   the bytes its copy holds (0: the drafter itself ran), ``drafter_prepare_s`` the seconds this call spent
-  making the copy (0 when it was cached; not part of ``total_s``);
+  making the copy (0 when it was cached; not part of ``total_s``); ``target_runtime``, ``target_memory_bytes``
+  and ``target_prepare_s`` the same for the target (:mod:`hf_hetspec.packed_target`);
 * ``drafter_step_s = drafter_s / drafter_forwards`` and ``target_step_s = target_s / target_forwards`` (a
   target step verifies a whole draft), and the cost ratio ``cost_ratio = drafter_step_s / target_step_s``:
   Leviathan et al.'s ``c``, measured within the call.
@@ -90,6 +91,9 @@ class DecodingStats:
     drafter_runtime: str = "eager"
     drafter_memory_bytes: int = 0
     drafter_prepare_s: float = 0.0
+    target_runtime: str = "eager"
+    target_memory_bytes: int = 0
+    target_prepare_s: float = 0.0
     drafter_s: float = 0.0
     target_s: float = 0.0
     translation_s: float = 0.0

@@ -196,7 +196,8 @@ def test_auto_makes_no_drafter_copy_where_the_source_policy_never_drafts(toy_pai
     assert torch.equal(out, plain) and stats.drafter_runtime == "int8-static" and stats.drafter_forwards > 0
     runtime._PREPARED.pop(drafter)
 
-    monkeypatch.setattr(plan, "verify_cost", lambda device, dtype: VERIFY_COSTS["cpu-emulated-half"])
+    monkeypatch.setattr(plan, "verify_cost",
+                        lambda device, dtype, target_runtime="eager": VERIFY_COSTS["cpu-emulated-half"])
     out, stats = _hetspec(toy_pair, ids, drafter, **call)
     assert torch.equal(out, plain)
     assert stats.drafter_runtime == "eager" and stats.drafter_memory_bytes == 0 and stats.drafter_forwards == 0

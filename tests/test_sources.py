@@ -294,6 +294,7 @@ def test_verify_cost_follows_how_the_target_computes(monkeypatch):
     for native, expected in ((True, "native"), (False, "cpu-emulated-half")):
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda native=native: native)
         assert verify_cost(cpu, torch.bfloat16) == VERIFY_COSTS[expected]
+    assert verify_cost(cpu, torch.bfloat16, "fp16-packed") == VERIFY_COSTS["cpu-fp16-packed"]  # packed_target
 
 
 def test_dear_verification_shortens_the_default_drafts():
@@ -325,6 +326,6 @@ def test_the_plan_counts_the_targets_verify_cost(toy_pair):
     kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer}
     call = {"inputs": ids, "assistant_model": toy_pair.drafter, "max_new_tokens": 4}
     plan = make_plan(toy_pair.target, call, dict(kwargs), HetspecArguments("slem"))
-    assert plan.verify_cost == VERIFY_COSTS["cpu-float32"]
+    assert plan.verify_cost == VERIFY_COSTS["cpu-float32"] and plan.target.runtime == "eager"
     with pytest.raises(ValueError, match="verify_cost"):
         _generate(toy_pair, ids, max_new_tokens=2, hetspec_schedule=Schedule(3, False, verify_cost=-1.0))

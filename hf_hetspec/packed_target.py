@@ -1,0 +1,253 @@
+"""The target's linear layers through packed fp16 copies of its bf16 weights, on a CPU without bf16 instructions.
+
+Why: a CPU without half-precision instructions (AVX2 only) computes a bf16 ``nn.Linear`` by converting as it
+goes, and the cost grows with the tokens of a forward: a bf16 Qwen2.5-Coder-1.5B forward of 1 / 2 / 4 / 6 / 8
+tokens took 439 / 780 / 1,471 / 2,179 / 2,785 ms, so verifying a draft cost a forward per token
+(``verify_cost`` 1.0) and no draft could pay. PyTorch's fp16-weight linear (fbgemm's
+``torch.ops.quantized.linear_dynamic_fp16``: fp16 weights widened to float32 in registers, float32 activations,
+float32 sums) reads each weight once for up to six tokens: the same forwards took 343 / 395 / 433 / 517 / 830 ms
+(2026-12-03, AVX2 AMD EPYC, one thread, after a 200-token prompt). So a verified token costs about 0.10 of a
+forward, and even a step without a draft is faster than the bf16 layers' own.
+
+Why it is exact. A bf16 number has 8 significant bits and an fp16 number 11, so a bf16 weight is an fp16 number
+whenever its exponent is in fp16's range. Each output row ``n`` of a weight is multiplied by ``2**s_n`` so that
+its largest magnitude lies in ``[2**14, 2**15)`` (no fp16 overflow, and no weight down to ``2**-28`` of that
+largest falls below fp16's normal range); the layer's output is multiplied by ``2**-s_n`` (exact in float32).
+A weight that would still lose a bit leaves its whole layer as it is. So every product ``w * x`` is the float32
+number the bf16 layer forms, the sums run in float32 in another order, and the output is rounded to the target's
+dtype as the layer rounds it: an output differs from the bf16 layer's only where a sum lies on a rounding
+boundary of bf16, the same ties that a k-token forward has against a one-token forward. Measured on the forwards
+above: largest logit difference 0.08-0.14 (one bf16 step at logits near 20), the same argmax.
+
+The copy costs the memory of the layers' weights once more (2 bytes per weight) and some seconds to make, once
+per target while its weights do not change (:func:`prepare_target`, cached like the drafter's copies).
+``generate(hetspec_target=...)`` picks the runtime (:data:`TARGET_RUNTIMES`); the plan prepares it
+(:func:`hf_hetspec.plan.make_plan`) and the call runs inside :meth:`PreparedTarget.running`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafter import model_device
+from .runtime import weights_version
+from .schedule import cpu_has_half_instructions
+from .status import status
+
+#: ``generate(hetspec_target=...)``: ``"auto"`` (``"fp16-packed"`` where it applies, :func:`resolve_target_runtime`),
+#: ``"eager"`` (the target's layers as they are) or ``"fp16-packed"``.
+TARGET_RUNTIMES = ("auto", "eager", "fp16-packed")
+
+#: Largest row magnitude after scaling lies in ``[2**ROW_EXPONENT, 2**(ROW_EXPONENT + 1))``, below fp16's 65504.
+ROW_EXPONENT = 14
+
+#: ``"auto"`` packs only when the machine has this many times the copy's bytes available (Linux ``MemAvailable``).
+MEMORY_MARGIN = 1.5
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    """One ``nn.Linear`` as fbgemm's packed fp16 weight of its rows scaled by powers of two.
+
+    Attributes:
+        packed: ``torch.ops.quantized.linear_prepack_fp16`` of the scaled weight (bias scaled alike, fused).
+        unscale (``torch.FloatTensor`` of shape ``(out_features,)``): ``2**-s_n`` per output row.
+        out_features: rows of the weight.
+    """
+
+    packed: object
+    unscale: torch.Tensor
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``x`` of shape ``(..., in_features)`` (any dtype), in ``x``'s dtype."""
+        flat = x.reshape(-1, x.shape[-1]).float()
+        y = torch.ops.quantized.linear_dynamic_fp16(flat, self.packed)
+        y.mul_(self.unscale)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+def pack_linear(layer: torch.nn.Linear) -> PackedLinear | None:
+    """``layer`` packed (module docstring), or ``None`` when one of its weights or biases is not exactly an fp16
+    number times its row's power of two (then the layer keeps running as it is).
+
+    Args:
+        layer: an ``nn.Linear`` whose weight of shape ``(out_features, in_features)`` is bf16 or fp16.
+    """
+    weight = layer.weight.detach()
+    largest = weight.abs().amax(dim=1).float()
+    if not bool(torch.isfinite(largest).all()):
+        return None
+    exponent = torch.where(largest > 0, ROW_EXPONENT - torch.floor(torch.log2(largest.clamp_min(1e-38))), 0.0)
+    scale = torch.exp2(exponent)
+    scaled = weight.float().mul_(scale[:, None])  # exact: powers of two in float32's range
+    if not torch.equal(scaled.half().float(), scaled):
+        return None
+    bias = None
+    if layer.bias is not None:
+        bias = layer.bias.detach().float() * scale  # added in float32 before the unscaling, as the layer adds it
+    packed = torch.ops.quantized.linear_prepack_fp16(scaled, bias)
+    return PackedLinear(packed, torch.exp2(-exponent), weight.shape[0])
+
+
+@dataclass
+class PreparedTarget:
+    """The target as it runs in this call.
+
+    Attributes:
+        runtime: ``"eager"`` or ``"fp16-packed"`` (never ``"auto"``).
+        layers: ``{module: PackedLinear}`` of the packed layers (empty for ``"eager"``).
+        memory_bytes: bytes the packed copy holds (2 per weight).
+        prepare_s: seconds spent packing in this call (0 when cached).
+        note: why ``"auto"`` did not pack where it might have (empty otherwise).
+        kept: layers left as they are (a weight not exact in fp16).
+    """
+
+    runtime: str
+    layers: dict = field(default_factory=dict)
+    memory_bytes: int = 0
+    prepare_s: float = 0.0
+    note: str = ""
+    kept: int = 0
+
+    @contextlib.contextmanager
+    def running(self):
+        """Within the block the packed layers compute through their copies (each module's ``forward``, then put
+        back). Re-entrant; a block in another thread while one runs sees the packed layers too (same results
+        up to the ties above)."""
+        if not self.layers:
+            yield self
+            return
+        with _LOCK:
+            outer = _ACTIVE.get(id(self), 0)
+            _ACTIVE[id(self)] = outer + 1
+            if outer == 0:
+                for module, packed in self.layers.items():
+                    module.forward = packed
+        try:
+            yield self
+        finally:
+            with _LOCK:
+                _ACTIVE[id(self)] -= 1
+                if _ACTIVE[id(self)] == 0:
+                    del _ACTIVE[id(self)]
+                    for module in self.layers:
+                        module.__dict__.pop("forward", None)
+
+
+_LOCK = threading.Lock()
+_ACTIVE: dict[int, int] = {}
+_PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, PreparedTarget]]" = weakref.WeakKeyDictionary()
+
+
+def check_target_runtime(runtime) -> str:
+    """``runtime`` checked (``generate(hetspec_target=...)``); returns it.
+
+    Raises:
+        ValueError: not one of :data:`TARGET_RUNTIMES`.
+    """
+    if not isinstance(runtime, str) or runtime not in TARGET_RUNTIMES:
+        raise ValueError(f"hetspec_target={runtime!r} is not known; use one of {', '.join(TARGET_RUNTIMES)}.")
+    return runtime
+
+
+def _linears(target: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The target's plain bf16/fp16 ``nn.Linear`` layers on the CPU whose ``forward`` nothing replaced (accelerate's
+    offload hooks, for one, wrap a module's ``forward``: such a layer keeps running as it is)."""
+    return [m for m in target.modules()
+            if type(m) is torch.nn.Linear and m.weight.dtype in (torch.bfloat16, torch.float16)
+            and m.weight.device.type == "cpu" and "forward" not in m.__dict__]
+
+
+def _unavailable(target: torch.nn.Module) -> str:
+    """Why the target cannot run ``"fp16-packed"`` (empty when it can)."""
+    device, dtype = model_device(target), target.dtype
+    if device.type != "cpu":
+        return f"the target is on {device.type}, not the CPU"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"the target's weights are {str(dtype).removeprefix('torch.')}, not bf16 or fp16"
+    if ("fbgemm" not in torch.backends.quantized.supported_engines
+            or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")):
+        return "fbgemm's fp16 products need an x86 CPU with AVX2 and a PyTorch with fbgemm"
+    if not _linears(target):
+        return "the target has no bf16 or fp16 nn.Linear layers"
+    return ""
+
+
+def resolve_target_runtime(target: torch.nn.Module, runtime: str = "auto") -> tuple[str, str]:
+    """The target runtime for ``runtime`` and a note when ``"auto"`` did not pack for a reason worth saying.
+
+    ``"auto"`` packs a bf16 or fp16 target on a CPU without the dtype's own instructions
+    (:func:`hf_hetspec.schedule.cpu_has_half_instructions`; where they exist the target's layers read their
+    weights once per forward already) and with :data:`MEMORY_MARGIN` times the copy's bytes available.
+
+    Raises:
+        ValueError: an unknown runtime, or ``"fp16-packed"`` for a target that cannot run it (the reason).
+    """
+    check_target_runtime(runtime)
+    if runtime == "eager":
+        return "eager", ""
+    why = _unavailable(target)
+    if runtime == "fp16-packed":
+        if why:
+            raise ValueError(f"hetspec_target='fp16-packed': {why}; use hetspec_target='auto' or 'eager'.")
+        return "fp16-packed", ""
+    if why or cpu_has_half_instructions(target.dtype):
+        return "eager", ""
+    need = sum(m.weight.numel() for m in _linears(target)) * 2
+    available = _available_memory()
+    if available is not None and available < MEMORY_MARGIN * need:
+        return "eager", (f"target's layers not packed: {need / 2**30:.1f} GiB needed, {available / 2**30:.1f} GiB "
+                         "available")
+    return "fp16-packed", ""
+
+
+def prepare_target(target: torch.nn.Module, runtime: str = "auto") -> PreparedTarget:
+    """The target in ``runtime`` (:func:`resolve_target_runtime`), the packed copy made once per target and
+    cached while the target lives and its weights do not change (``load_state_dict``, training steps, PEFT
+    adapters switched or merged make it again).
+
+    Raises:
+        ValueError: as :func:`resolve_target_runtime`, before any copy is made.
+    """
+    resolved, note = resolve_target_runtime(target, runtime)
+    if resolved == "eager":
+        return PreparedTarget("eager", note=note)
+    version = weights_version(target)
+    cached = _PREPARED.get(target)
+    if cached is not None and cached[0] == version:
+        prepared = cached[1]
+        return PreparedTarget(prepared.runtime, prepared.layers, prepared.memory_bytes, 0.0, note, prepared.kept)
+    status("packing the target's linear layers as fp16 (once per target) ...")
+    start = time.perf_counter()
+    linears = _linears(target)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        packed = list(pool.map(pack_linear, linears))
+    layers = {m: p for m, p in zip(linears, packed) if p is not None}
+    memory = sum(m.weight.numel() * 2 for m in layers)
+    prepared = PreparedTarget("fp16-packed", layers, memory, time.perf_counter() - start, note,
+                              len(linears) - len(layers))
+    _PREPARED[target] = (version, prepared)
+    status(f"the target's packed layers: {len(layers)} of {len(linears)} in {prepared.prepare_s:.1f} s, "
+           f"{memory / 2**20:.0f} MiB")
+    return prepared
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available (Linux ``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
