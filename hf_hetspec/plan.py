@@ -15,8 +15,11 @@ The plan is made by small named steps, each the one source of its rule. Every re
    ``hetspec_schedule``), :func:`~hf_hetspec.checks.check_batch` -- what a batch cannot have -- and
    :func:`~hf_hetspec.checks.check_loop` -- what transformers' loop (``hetspec_loop="transformers"``) cannot
    honour;
-4. :func:`~hf_hetspec.checks.check_drafter_weights`, then :func:`hf_hetspec.runtime.prepare_drafter` -- the
-   drafter in the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback);
+4. :func:`~hf_hetspec.checks.check_drafter_weights`, then :func:`hf_hetspec.packed_target.prepare_target` -- the
+   target's layers as they compute in the call (``hetspec_target``), which set ``v``
+   (:func:`~hf_hetspec.schedule.verify_cost`) -- and :func:`hf_hetspec.runtime.prepare_drafter` -- the drafter in
+   the runtime that really runs (``hetspec_drafter``, resolved here once, after any fallback; no copy where the
+   source policy never drafts, :func:`hf_hetspec.sources.never_drafts`);
 5. :func:`hf_hetspec.schedule.choose_schedule` -- the draft-length schedule (lookahead, adaptation, confidence
    stop) of that runtime, or the call's own ``hetspec_schedule``; then :func:`choose_draft_temperature` and
    :func:`choose_draft_policy`, how TLI and SLRS draft.
@@ -24,7 +27,7 @@ The plan is made by small named steps, each the one source of its rule. Every re
 :func:`make_plan` runs them in that order on the generation config merged once from the call
 (``target._prepare_generation_config``); :func:`build_proposer` turns a plan into the algorithm's proposer
 for the prompt transformers hands to the decoding loop. Every check raises before a forward pass and before
-the drafter's copy is made, with a message that names the argument and the fix.
+the target's or the drafter's copy is made, with a message that names the argument and the fix.
 """
 
 from __future__ import annotations
