@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafter import model_device
-from .runtime import weights_version
+from .runtime import check_choice, weights_version
 from .schedule import cpu_has_half_instructions
 from .status import status
 
@@ -149,14 +149,12 @@ _PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, PreparedTarg
 
 
 def check_target_runtime(runtime) -> str:
-    """``runtime`` checked (``generate(hetspec_target=...)``); returns it.
+    """``runtime`` checked (``generate(hetspec_target=...)``, :func:`hf_hetspec.runtime.check_choice`); returns it.
 
     Raises:
         ValueError: not one of :data:`TARGET_RUNTIMES`.
     """
-    if not isinstance(runtime, str) or runtime not in TARGET_RUNTIMES:
-        raise ValueError(f"hetspec_target={runtime!r} is not known; use one of {', '.join(TARGET_RUNTIMES)}.")
-    return runtime
+    return check_choice("hetspec_target", runtime, TARGET_RUNTIMES)
 
 
 def _linears(target: torch.nn.Module) -> list[torch.nn.Linear]:

@@ -108,15 +108,24 @@ NO_DRAFTS_NOTE = ("no drafter copy: a verified token costs this target a whole f
 _PREPARED: "weakref.WeakKeyDictionary[PreTrainedModel, dict]" = weakref.WeakKeyDictionary()
 
 
+def check_choice(keyword: str, value, choices: tuple[str, ...]) -> str:
+    """``value`` of ``generate(keyword=...)`` checked against ``choices``; returns it.
+
+    Raises:
+        ValueError: not one of ``choices`` (the message names the keyword and lists them).
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{keyword}={value!r} is not known; use one of {', '.join(choices)}.")
+    return value
+
+
 def check_runtime(runtime) -> str:
-    """``runtime`` checked (``generate(hetspec_drafter=...)``); returns it.
+    """``runtime`` checked (``generate(hetspec_drafter=...)``, :func:`check_choice`); returns it.
 
     Raises:
         ValueError: not one of :data:`RUNTIMES`.
     """
-    if not isinstance(runtime, str) or runtime not in RUNTIMES:
-        raise ValueError(f"hetspec_drafter={runtime!r} is not known; use one of {', '.join(RUNTIMES)}.")
-    return runtime
+    return check_choice("hetspec_drafter", runtime, RUNTIMES)
 
 
 def resolve_runtime(drafter: PreTrainedModel, runtime: str = "auto") -> tuple[str, str]:
