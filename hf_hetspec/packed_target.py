@@ -165,8 +165,8 @@ def _linears(target: torch.nn.Module) -> list[torch.nn.Linear]:
             and m.weight.device.type == "cpu" and "forward" not in m.__dict__]
 
 
-def _unavailable(target: torch.nn.Module) -> str:
-    """Why the target cannot run ``"fp16-packed"`` (empty when it can)."""
+def _unavailable(target: torch.nn.Module, linears: list[torch.nn.Linear]) -> str:
+    """Why the target cannot run ``"fp16-packed"`` (empty when it can); ``linears``: its :func:`_linears`."""
     device, dtype = model_device(target), target.dtype
     if device.type != "cpu":
         return f"the target is on {device.type}, not the CPU"
@@ -175,7 +175,7 @@ def _unavailable(target: torch.nn.Module) -> str:
     if ("fbgemm" not in torch.backends.quantized.supported_engines
             or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")):
         return "fbgemm's fp16 products need an x86 CPU with AVX2 and a PyTorch with fbgemm"
-    if not _linears(target):
+    if not linears:
         return "the target has no bf16 or fp16 nn.Linear layers"
     return ""
 
@@ -185,7 +185,8 @@ def resolve_target_runtime(target: torch.nn.Module, runtime: str = "auto") -> tu
 
     ``"auto"`` packs a bf16 or fp16 target on a CPU without the dtype's own instructions
     (:func:`hf_hetspec.schedule.cpu_has_half_instructions`; where they exist the target's layers read their
-    weights once per forward already) and with :data:`MEMORY_MARGIN` times the copy's bytes available.
+    weights once per forward already) and with :data:`MEMORY_MARGIN` times the copy's bytes available, unless
+    the copy of the target's current weights is already made (it then holds that memory itself).
 
     Raises:
         ValueError: an unknown runtime, or ``"fp16-packed"`` for a target that cannot run it (the reason).
@@ -193,14 +194,18 @@ def resolve_target_runtime(target: torch.nn.Module, runtime: str = "auto") -> tu
     check_target_runtime(runtime)
     if runtime == "eager":
         return "eager", ""
-    why = _unavailable(target)
+    linears = _linears(target)
+    why = _unavailable(target, linears)
     if runtime == "fp16-packed":
         if why:
             raise ValueError(f"hetspec_target='fp16-packed': {why}; use hetspec_target='auto' or 'eager'.")
         return "fp16-packed", ""
     if why or cpu_has_half_instructions(target.dtype):
         return "eager", ""
-    need = sum(m.weight.numel() for m in _linears(target)) * 2
+    cached = _PREPARED.get(target)
+    if cached is not None and cached[0] == weights_version(target):
+        return "fp16-packed", ""
+    need = sum(m.weight.numel() for m in linears) * 2
     available = _available_memory()
     if available is not None and available < MEMORY_MARGIN * need:
         return "eager", (f"target's layers not packed: {need / 2**30:.1f} GiB needed, {available / 2**30:.1f} GiB "

@@ -164,16 +164,19 @@ def test_sampling_with_packed_layers_has_the_targets_distribution(toy_pair, bf16
 
 def test_auto_packs_a_half_precision_target_only_on_a_cpu_without_its_instructions(toy_pair, bf16_target,
                                                                                     monkeypatch):
+    target = copy.deepcopy(bf16_target)  # no packed copy of it yet (other tests pack bf16_target)
     monkeypatch.setattr(packed_target, "cpu_has_half_instructions", lambda dtype: False)
-    assert resolve_target_runtime(bf16_target) == ("fp16-packed", "")
+    assert resolve_target_runtime(target) == ("fp16-packed", "")
     assert resolve_target_runtime(toy_pair.target) == ("eager", "")  # float32: nothing to gain
-    assert resolve_target_runtime(bf16_target, "eager") == ("eager", "")
+    assert resolve_target_runtime(target, "eager") == ("eager", "")
     monkeypatch.setattr(packed_target, "_available_memory", lambda: 1000)
-    runtime, note = resolve_target_runtime(bf16_target)
+    runtime, note = resolve_target_runtime(target)
     assert runtime == "eager" and "GiB needed" in note
+    prepare_target(target, "fp16-packed")  # once made, the copy holds its memory: auto keeps using it
+    assert resolve_target_runtime(target) == ("fp16-packed", "")
     monkeypatch.setattr(packed_target, "cpu_has_half_instructions", lambda dtype: True)
     monkeypatch.setattr(packed_target, "_available_memory", lambda: None)
-    assert resolve_target_runtime(bf16_target) == ("eager", "")  # the CPU's own bf16 products read weights once
+    assert resolve_target_runtime(target) == ("eager", "")  # the CPU's own bf16 products read weights once
 
 
 def test_an_impossible_or_unknown_target_runtime_is_refused_before_any_work(toy_pair):
