@@ -121,14 +121,16 @@ class PreparedTarget:
     @contextlib.contextmanager
     def running(self):
         """Within the block the packed layers compute through their copies (each module's ``forward``, then put
-        back). Re-entrant; a block in another thread while one runs sees the packed layers too (same results
-        up to the ties above)."""
+        back when the last block on the same copy ends: calls on one target share its cached ``layers``, so
+        nested calls, or calls in two threads, never put the layers back under one another). A forward in another
+        thread while a block runs sees the packed layers too (same results up to the ties above)."""
         if not self.layers:
             yield self
             return
+        key = id(self.layers)
         with _LOCK:
-            outer = _ACTIVE.get(id(self), 0)
-            _ACTIVE[id(self)] = outer + 1
+            outer = _ACTIVE.get(key, 0)
+            _ACTIVE[key] = outer + 1
             if outer == 0:
                 for module, packed in self.layers.items():
                     module.forward = packed
@@ -136,15 +138,15 @@ class PreparedTarget:
             yield self
         finally:
             with _LOCK:
-                _ACTIVE[id(self)] -= 1
-                if _ACTIVE[id(self)] == 0:
-                    del _ACTIVE[id(self)]
+                _ACTIVE[key] -= 1
+                if _ACTIVE[key] == 0:
+                    del _ACTIVE[key]
                     for module in self.layers:
                         module.__dict__.pop("forward", None)
 
 
 _LOCK = threading.Lock()
-_ACTIVE: dict[int, int] = {}
+_ACTIVE: dict[int, int] = {}  # open running() blocks per id of a cached ``layers`` dict
 _PREPARED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, PreparedTarget]]" = weakref.WeakKeyDictionary()
 
 

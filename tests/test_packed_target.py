@@ -232,3 +232,16 @@ def test_the_plan_counts_the_packed_targets_verify_cost_and_drafts(toy_pair, bf1
     assert not never_drafts(packed.schedule.back_off, packed.verify_cost)
     eager = make_plan(bf16_target, call, dict(kwargs), HetspecArguments("slem", target_runtime="eager"))
     assert eager.target.runtime == "eager" and never_drafts(eager.schedule.back_off, eager.verify_cost)
+
+
+def test_calls_on_one_target_share_the_patch_until_the_last_one_ends(bf16_target):
+    """Each call gets its own :class:`PreparedTarget` of the cached layers; one call ending (e.g. in another
+    thread) must not put the layers back under a call still running."""
+    first, second = prepare_target(bf16_target, "fp16-packed"), prepare_target(bf16_target, "fp16-packed")
+    assert first is not second and first.layers is second.layers
+    module, layer = next(iter(first.layers.items()))
+    with first.running():
+        with second.running():
+            assert module.forward is layer
+        assert module.forward is layer
+    assert "forward" not in module.__dict__
