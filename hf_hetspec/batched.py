@@ -88,19 +88,27 @@ COMPACT_HOLE_SHARE = 0.5
 COMPACT_MIN_SLOTS = 64
 
 
-def draft_cap(rows: int, verify_cost: float = VERIFY_COST) -> int | None:
+def draft_cap(rows: int, verify_cost: float = VERIFY_COST, rows_per_pass: int | None = None) -> int | None:
     """The most target tokens a row's draft may keep in a round with ``rows`` unfinished rows: ``None`` (no cap)
     for a single row, else ``budget // rows - 1``, or ``0`` -- no drafting, plain batched decoding -- when that is
     below :data:`MIN_BATCH_DRAFT`. ``budget`` is :data:`BATCH_DRAFT_TOKEN_BUDGET` where verifying a token costs
     at most a float32 CPU target's 0.10 forwards, and shrinks in proportion to ``VERIFY_COST / verify_cost``
     where it costs more (``verify_cost``, the plan's :func:`~hf_hetspec.schedule.verify_cost`: bf16 on a CPU
-    without bf16 instructions, 1.0, leaves 1 token, so no drafting at all). Cutting a draft is exact: its first ``c`` tokens, with the
-    distributions they were drawn from, are a draft of their own."""
+    without bf16 instructions, 1.0, leaves 1 token, so no drafting at all). Where the target's products run in
+    passes of ``rows_per_pass`` token rows (its layers packed as fp16,
+    :attr:`hf_hetspec.packed_target.PreparedTarget.rows_per_pass`), the budget is one pass: a second pass reads
+    every weight again, about one more step, and each row's drafter steps come on top (B = 4 on AVX2, demo
+    prompts: plain batched decoding on the packed layers 7.12 / 6.50 tokens/s greedy / T=1 against 6.89 / 5.75
+    with drafts within a 24-token budget; docs/results.md, 2026-12-03 late night).
+    Cutting a draft is exact: its first ``c`` tokens, with the distributions they were drawn from, are a draft of
+    their own."""
     if rows <= 1:
         return None
     budget = BATCH_DRAFT_TOKEN_BUDGET
     if verify_cost > VERIFY_COSTS["cpu-float32"]:
         budget = int(BATCH_DRAFT_TOKEN_BUDGET * VERIFY_COST / verify_cost)
+    if rows_per_pass is not None:
+        budget = min(budget, rows_per_pass)
     cap = budget // rows - 1
     return cap if cap >= MIN_BATCH_DRAFT else 0
 
@@ -213,6 +221,7 @@ def batched_generate(
     generator: torch.Generator | None = None,
     verification: str = "token",
     verify_cost: float = VERIFY_COST,
+    rows_per_pass: int | None = None,
 ):
     """Decode a batch with draft-then-verify, one target forward per round for all rows (module docstring).
 
@@ -236,6 +245,9 @@ def batched_generate(
         verification: ``"token"`` or ``"block"`` (the plan's ``hetspec_verification``).
         verify_cost: ``v`` of the target (the plan's, :func:`hf_hetspec.schedule.verify_cost`): the token budget of a
             round shrinks where verifying a token costs more (:func:`draft_cap`).
+        rows_per_pass: token rows per pass of the target's packed products (the plan's
+            ``target.rows_per_pass``), ``None`` for its own layers: a round's tokens stay within one pass
+            (:func:`draft_cap`).
 
     Returns:
         ``torch.LongTensor`` of shape ``(B, n + T)``, ``T`` the most tokens any row generated; a row that
@@ -271,7 +283,7 @@ def batched_generate(
     fill = 0 if pad is None else pad
 
     while active:
-        cap = draft_cap(len(active), verify_cost)
+        cap = draft_cap(len(active), verify_cost, rows_per_pass)
         drafting = cap != 0
         drafts: list[Draft] = []
         for r in active:

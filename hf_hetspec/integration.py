@@ -282,7 +282,8 @@ class _HetSpecDecoding:
                                 make_proposer, self.stats, attention_mask=model_kwargs.get("attention_mask"),
                                 position_ids=model_kwargs.get("position_ids"),
                                 past_key_values=cache_from_kwargs(model_kwargs), generator=self.generator,
-                                verification=self.plan.verification, verify_cost=self.plan.verify_cost)
+                                verification=self.plan.verification, verify_cost=self.plan.verify_cost,
+                                rows_per_pass=self.plan.target.rows_per_pass)
 
 
 class _TransformersLoop:

@@ -245,3 +245,41 @@ def test_calls_on_one_target_share_the_patch_until_the_last_one_ends(bf16_target
             assert module.forward is layer
         assert module.forward is layer
     assert "forward" not in module.__dict__
+
+
+def test_a_batch_on_packed_layers_keeps_each_round_within_one_pass(toy_pair, bf16_target, monkeypatch):
+    """fbgemm's fp16 product reads every weight once per :data:`ROWS_PER_PASS` token rows, so a batched round on
+    the packed layers feeds at most one pass: four rows on AVX2 (6 rows a pass) or AVX-512 (14) leave no room for
+    drafts of :data:`hf_hetspec.batched.MIN_BATCH_DRAFT` tokens, and the batch decodes plainly, each row the bf16
+    target's own. The target's own layers have no pass (``None``), and the token budget drafts there."""
+    from hf_hetspec import batched
+    from hf_hetspec.packed_target import ROWS_PER_PASS
+    from test_batched import left_pad
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    prepared = prepare_target(bf16_target, "fp16-packed")
+    assert prepared.rows_per_pass == ROWS_PER_PASS["AVX2"] == 6
+    assert packed_target.PreparedTarget("eager").rows_per_pass is None
+    assert batched.draft_cap(4, 0.10, 6) == 0 and batched.draft_cap(4, 0.10, None) > 0
+    assert batched.draft_cap(2, 0.10, ROWS_PER_PASS["AVX512"]) == 6 and batched.draft_cap(1, 0.10, 6) is None
+
+    texts = ["The lighthouse keeper climbed", "the", "Speculative decoding lets a small", "def add(a, b):"]
+    ids, mask = left_pad(toy_pair.target_tokenizer, texts)
+    fed = []
+    forward = type(bf16_target).forward
+
+    def counted(self, *args, **kwargs):
+        if self is bf16_target:
+            fed.append(tuple(kwargs["input_ids"].shape))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(bf16_target), "forward", counted)
+    out, stats = _generate(bf16_target, toy_pair, ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                           hetspec_algorithm="slem", hetspec_target="fp16-packed")
+    monkeypatch.setattr(type(bf16_target), "forward", forward)
+    assert stats.drafted_tokens == 0 and all(rows * tokens <= 6 for rows, tokens in fed[1:])
+    for row, text in enumerate(texts):
+        alone = toy_pair.target_tokenizer(text, return_tensors="pt").input_ids
+        plain = type(bf16_target).generate(bf16_target, alone, max_new_tokens=12, do_sample=False)
+        got = torch.cat([alone, out[row : row + 1, ids.shape[1]:]], dim=1)[:, : plain.shape[1]]
+        assert compare_greedy(bf16_target, alone, plain, got).verdict in ("identical", "tie")
