@@ -189,7 +189,7 @@ def _unavailable(target: torch.nn.Module, linears: list[torch.nn.Linear]) -> str
     if dtype not in (torch.bfloat16, torch.float16):
         return f"the target's weights are {str(dtype).removeprefix('torch.')}, not bf16 or fp16"
     if ("fbgemm" not in torch.backends.quantized.supported_engines
-            or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512")):
+            or torch.backends.cpu.get_cpu_capability() not in ROWS_PER_PASS):
         return "fbgemm's fp16 products need an x86 CPU with AVX2 and a PyTorch with fbgemm"
     if not linears:
         return "the target has no bf16 or fp16 nn.Linear layers"
