@@ -119,7 +119,7 @@ from .common import (DEMO_DRAFTER, DEMO_TARGET, DTYPES, WARMUP_MESSAGE, WARMUP_T
                      check_algorithm, check_model_argument, console, default_device, fetch_model, load_model,
                      set_threads)
 from .reports import WITHIN, markdown_report, write_outputs
-from .runner import HETSPEC_METHODS, TRANSFORMERS_LOOP, Runner, machine_info, method_label, step_seconds
+from .runner import HETSPEC_METHODS, TRANSFORMERS_LOOP, Methods, Runner, machine_info, method_label, step_seconds
 from .tasks import (DEFAULT_SPEC_BENCH, HALVES, HUB_DATASETS, HUMANEVAL_TASKS, SPEC_BENCH_CATEGORIES,
                     SPEC_BENCH_URL, TASKS, BenchPrompt, chat_ids, hub_status, load_prompts)
 
@@ -256,7 +256,8 @@ def decoding_runs(temperatures: list[float], seeds: list[int]) -> list[tuple[flo
 
 def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int], object],
                     specs: list[MethodSpec], sweep: list[MethodSpec], target_tokenizer, chat_template: bool,
-                    advance=None, load=load_average, threads: int | None = None, reference_step=None) -> list[dict]:
+                    advance=None, load=load_average, threads: int | None = None, reference_step=None,
+                    left_out: list[str] | None = None) -> list[dict]:
     """Run every method on every prompt, turn, temperature and seed; one record per call, with the 1-minute
     load average read before and after the call (``load_before``, ``load_after``), whether that makes the
     call ``contended`` (:func:`contended`) and the reference step timed before its prompt
@@ -273,8 +274,11 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
         threads: the torch CPU threads of the run (default ``torch.get_num_threads()``).
         reference_step: returns the seconds of the reference step, called once before each prompt (``None``: no
             reference step, ``reference_step_s`` is ``None``).
+        left_out: receives the reason of each method left out of the run, with its records, because it failed
+            inside transformers (:class:`~hf_hetspec.tools.runner.BaselineFailed`).
     """
     threads = torch.get_num_threads() if threads is None else threads
+    active = Methods(list(specs))
     records = []
     for prompt in prompts:
         reference_s = reference_step() if reference_step is not None else None
@@ -284,12 +288,15 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
                 messages.append({"role": "user", "content": message})
                 ids = chat_ids(target_tokenizer, messages, chat_template and prompt.chat)
                 reference = None
-                for spec in specs + sweep:  # specs[0], the target alone, first
+                for spec in active.names + sweep:  # specs[0], the target alone, first
                     if advance is not None:
                         advance(f"{prompt.task} {prompt.prompt_id} T={temperature:g} {spec.label}")
                     load_before = load()
-                    run = run_spec(runner, spec, ids)
+                    run = active.run(spec, lambda: run_spec(runner, spec, ids))
                     load_after = load()
+                    if run is None:  # out of the whole run: its earlier calls too
+                        records = [r for r in records if r["label"] != spec.label]
+                        continue
                     if reference is None:
                         reference = run
                     else:
@@ -307,6 +314,8 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
                     })
                 reply = reference.record(target_tokenizer, "")["text"]
                 messages.append({"role": "assistant", "content": reply})
+    if left_out is not None:
+        left_out.extend(active.failures)
     return records
 
 
@@ -649,9 +658,11 @@ def cmd_bench(args) -> int:
         first_per_temperature: dict = {}
         for (temperature, _), runner in runners.items():
             first_per_temperature.setdefault(temperature, runner)
+        methods = Methods(list(specs))  # a method failing inside transformers is left out (BaselineFailed)
         for runner in first_per_temperature.values():  # sampling: transformers builds its translator here
-            for spec in specs:
-                run_spec(runner, spec, warm, min(WARMUP_TOKENS, settings["max_new_tokens"]))
+            for spec in list(methods.names):
+                methods.run(spec, lambda: run_spec(runner, spec, warm,
+                                                   min(WARMUP_TOKENS, settings["max_new_tokens"])))
         text = prompts[0].turns[0]
         roles = {"target": (target, target_tok), "drafter": (drafter, drafter_tok)}
         if prepared.model is not drafter:
@@ -661,7 +672,7 @@ def cmd_bench(args) -> int:
         steps = {role: step_seconds(model, tokenizer(text, return_tensors="pt").input_ids)
                  for role, (model, tokenizer) in roles.items()}
 
-    total = sum(len(p.turns) for p in prompts) * len(runners) * (len(specs) + len(sweep))
+    total = sum(len(p.turns) for p in prompts) * len(runners) * (len(methods.names) + len(sweep))
     with progress.Steps(err, total) as calls:
 
         def advance(description: str) -> None:
@@ -670,8 +681,10 @@ def cmd_bench(args) -> int:
             calls.start(description)
 
         reference_ids = warm[:, :REFERENCE_TOKENS]
-        records = collect_records(prompts, runners, specs, sweep, target_tok, chat, advance,
-                                  reference_step=lambda: step_seconds(target, reference_ids, repeats=3))
+        left_out = methods.failures
+        records = collect_records(prompts, runners, methods.names, sweep, target_tok, chat, advance,
+                                  reference_step=lambda: step_seconds(target, reference_ids, repeats=3),
+                                  left_out=left_out)
         calls.done()
 
     result = {
@@ -697,6 +710,7 @@ def cmd_bench(args) -> int:
         "results": (results := summarize_results(records, steps)),
         "suite_summary": suite_summary(results, records, settings["half"]),
         "lookahead_sweep": summarize_sweep(records),
+        "left_out": left_out,
         "records": records,
     }
     result = json.loads(json.dumps(result))  # plain JSON types: exactly what bench.json holds

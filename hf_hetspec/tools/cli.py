@@ -44,7 +44,7 @@ from .common import (DEMO_DEFAULT, DEMO_DRAFTER, DEMO_FULL, DEMO_TARGET, DTYPES,
 from .progress import Steps, status
 from .prompts import MissingHumanEval, demo_prompts
 from .reports import machine_summary
-from .runner import METHODS, MethodError, MethodRun, Runner, machine_info, method_label, summarize
+from .runner import METHODS, MethodError, MethodRun, Methods, Runner, machine_info, method_label, summarize
 from .tasks import TaskError
 
 
@@ -162,15 +162,19 @@ def cmd_generate(args) -> int:
     )
 
     runs: dict[str, MethodRun] = {}
+    methods = Methods(list(METHODS) if args.compare else [])
     if args.compare:
         with err.status("Warming up the three methods ..."):
-            for method in METHODS:
-                runner.run(method, ids, max_new_tokens=min(WARMUP_TOKENS, args.max_new_tokens))
-        for method in METHODS:
+            for method in list(methods.names):
+                methods.run(method, lambda: runner.run(method, ids, max_new_tokens=min(WARMUP_TOKENS,
+                                                                                       args.max_new_tokens)))
+        for method in list(methods.names):
             with err.status(f"Generating with {method_label(method, args.algorithm)} ..."):
-                runs[method] = runner.run(method, ids)
-        for method in ("transformers", "hf_hetspec"):
-            runner.compare(runs["target"], runs[method])
+                run = methods.run(method, lambda: runner.run(method, ids))
+            if run is not None:
+                runs[method] = run
+                if method != "target":
+                    runner.compare(runs["target"], run)
     else:
         with err.status(f"Generating with hf_hetspec {args.algorithm} ..."):
             runs["hf_hetspec"] = runner.hetspec(ids)
@@ -200,8 +204,9 @@ def cmd_generate(args) -> int:
             rows = summarize({m: [r] for m, r in runs.items()})
             result["compare"] = {
                 m: {**runs[m].record(target_tok, method_label(m, algorithm)), **_speed(rows, m)}
-                for m in METHODS
+                for m in runs
             }
+            result["left_out"] = methods.failures
         print(json.dumps(result, indent=2, ensure_ascii=False))
         return 0
 
@@ -212,10 +217,11 @@ def cmd_generate(args) -> int:
     if args.compare:
         rows = summarize({m: [r] for m, r in runs.items()})
         out.print(summary_table(rows, ours.stats.algorithm, "one prompt, wall-clock generate() time"))
-        for method in ("transformers", "hf_hetspec"):
-            cmp = runs[method].comparison
-            if cmp is not None:
-                out.print(f"{method_label(method, algorithm)} vs target alone: {cmp}", markup=False)
+        for method, run in runs.items():
+            if run.comparison is not None:
+                out.print(f"{method_label(method, algorithm)} vs target alone: {run.comparison}", markup=False)
+    for failure in methods.failures:
+        out.print(f"Left out: {failure}", markup=False)
     return 0
 
 
@@ -270,23 +276,31 @@ def cmd_demo(args) -> int:
         target, target_tok, drafter, drafter_tok, algorithm=args.algorithm, max_new_tokens=max_new_tokens,
         lookahead=args.lookahead,
     )
+    methods = Methods(list(METHODS))
     with status(err, "Warming up the three methods ..."):
         warm = prompt_ids(target_tok, WARMUP_MESSAGE, chat_template=True)
-        for method in METHODS:
-            runner.run(method, warm, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens))
+        for method in list(methods.names):
+            methods.run(method, lambda: runner.run(method, warm, max_new_tokens=min(WARMUP_TOKENS, max_new_tokens)))
 
-    runs: dict[str, list[MethodRun]] = {m: [] for m in METHODS}
+    runs: dict[str, list[MethodRun]] = {m: [] for m in methods.names}
     records = []
-    with Steps(err, total=len(prompts) * len(METHODS)) as steps:
+    with Steps(err, total=len(prompts) * len(methods.names)) as steps:
         for prompt in prompts:
             ids = prompt_ids(target_tok, prompt.message, chat_template=True)
             by_method = {}
-            for method in METHODS:
+            for method in list(methods.names):
                 steps.start(f"{prompt.prompt_id}: {method_label(method, '')}")
-                run = by_method[method] = runner.run(method, ids)
+                run = methods.run(method, lambda: runner.run(method, ids))
+                if run is None:  # left out of the whole run, earlier prompts' calls included
+                    runs.pop(method)
+                    records = [r for r in records if r["method"] != method]
+                    steps.done("failed inside transformers")
+                    continue
+                by_method[method] = run
                 steps.done(f"{run.new_tokens} tokens in {run.seconds:.1f} s")
-            for method in ("transformers", "hf_hetspec"):
-                runner.compare(by_method["target"], by_method[method])
+            for method in methods.names:
+                if method != "target":
+                    runner.compare(by_method["target"], by_method[method])
             for method, run in by_method.items():
                 runs[method].append(run)
                 label = method_label(method, run.stats.algorithm if run.stats else args.algorithm)
@@ -297,6 +311,8 @@ def cmd_demo(args) -> int:
     out.print(_per_prompt_table(prompts, runs, algorithm))
     rows = summarize(runs)
     out.print(summary_table(rows, algorithm, f"{len(prompts)} prompts, {max_new_tokens} new tokens, greedy"))
+    for failure in methods.failures:
+        out.print(f"Left out of this run: {failure}", markup=False)
     suspicious = [
         f"{r['prompt_id']} ({r['label']}): {r['verdict_detail']}"
         for r in records
@@ -315,6 +331,7 @@ def cmd_demo(args) -> int:
                 "do_sample": False,
             },
             "summary": rows,
+            "left_out": methods.failures,
             "records": records,
         }
         Path(args.json).expanduser().write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
@@ -328,12 +345,12 @@ def _per_prompt_table(prompts, runs: dict[str, list[MethodRun]], algorithm: str)
     table = Table(title="per prompt (tokens/s; verdict vs target alone)")
     table.add_column("prompt")
     table.add_column("tokens", justify="right")
-    for method in METHODS:
+    for method in runs:
         table.add_column(method_label(method, algorithm), justify="right")
     table.add_column("acceptance", justify="right")
     for i, prompt in enumerate(prompts):
         cells = []
-        for method in METHODS:
+        for method in runs:
             run = runs[method][i]
             verdict = "" if run.comparison is None else f" {run.comparison.verdict}"
             cells.append(f"{run.tokens_per_second:.2f}{verdict}")

@@ -81,6 +81,8 @@ def markdown_report(result: dict) -> str:
         suite_name = f"suite {config['suite']}; " if config.get("suite") else ""
         lines += ["", f"Prompts: {suite_name}{config['half_rule']} (--half {config['half']}); ids in bench.json "
                   "config.prompt_ids."]
+    for failure in result.get("left_out") or []:  # runs recorded before methods could be left out have none
+        lines += ["", f"Left out of this run: {failure}"]
     if suite.get("contended_calls"):
         lines += ["", CONTENDED_WARNING.format(contended=suite["contended_calls"], calls=suite["calls"],
                                                load_max=suite["load_max"])]

@@ -67,6 +67,36 @@ class MethodError(RuntimeError):
     """hf_hetspec refused a call (``NotImplementedError``/``ValueError``): the message says why."""
 
 
+class BaselineFailed(RuntimeError):
+    """transformers' own assisted generation, a baseline the tools compare against, raised inside transformers
+    (transformers 5.25's universal assisted generation crops its drafter's cache by a length in the target's
+    tokens and then feeds the drafter no token): a fault of that transformers version, not of hf_hetspec, so
+    the tools leave the method out of the run and say why (:class:`Methods`)."""
+
+
+@dataclass
+class Methods:
+    """The methods still in a run: one that raises :class:`BaselineFailed` leaves it, with the reason.
+
+    Attributes:
+        names: the methods (names or specs), in order; the caller iterates over this list.
+        failures: ``"<label> failed inside transformers <version>: <error>"`` per method left out.
+    """
+
+    names: list
+    failures: list[str] = field(default_factory=list)
+
+    def run(self, method, call):
+        """``call()``, or ``None`` after removing ``method`` from :attr:`names` when it raised
+        :class:`BaselineFailed`."""
+        try:
+            return call()
+        except BaselineFailed as err:
+            self.names.remove(method)
+            self.failures.append(str(err))
+            return None
+
+
 def machine_info(device: str) -> dict:
     """CPU (or GPU), thread count and library versions, for the demo's header and JSON."""
     import transformers
@@ -422,6 +452,11 @@ class Runner:
                     ),
                     drafter=drafter,
                 )
+        except Exception as err:  # any fault inside transformers' own method: hf_hetspec is disabled here
+            import transformers
+
+            raise BaselineFailed(f"{method_label(method)} failed inside transformers {transformers.__version__}: "
+                                 f"{type(err).__name__}: {err}") from err
         finally:
             # the heuristic lookahead schedule keeps its state in the drafter's generation config
             drafter.generation_config, self.target.generation_config = saved

