@@ -88,6 +88,7 @@ Output (``--out DIR``, :func:`hf_hetspec.tools.reports.write_outputs`): ``bench.
                           "tokens_per_second", "speedup", "acceptance_rate", "tokens_per_forward",
                           adaptive rows also: "best_fixed_lookahead", "adaptive_vs_best",
                           "within_10_percent"}],
+     "left_out": ["<method> failed inside transformers <version>: <error>"] (a baseline left out of the run),
      "records": [{"task", "prompt_id", "turn", "temperature", "seed", "method", "label", "algorithm",
                   "lookahead", "sweep", "load_before", "load_after", "contended", "reference_step_s",
                   ...runner.MethodRun.record()}]}

@@ -56,7 +56,9 @@ def full_run(models, spec_bench_file, tmp_path_factory):
 def test_bench_writes_the_documented_json_tables_and_plots(full_run):
     code, out, result, argv, _ = full_run
     assert code == 0
-    assert set(result) == {"machine", "config", "results", "suite_summary", "lookahead_sweep", "records"}
+    assert set(result) == {"machine", "config", "results", "suite_summary", "lookahead_sweep", "left_out",
+                           "records"}
+    assert result["left_out"] == []
     config = result["config"]
     assert CONFIG_FIELDS <= set(config)
     assert config["command"] == "hf-hetspec " + " ".join(argv)
