@@ -221,7 +221,7 @@ def cmd_generate(args) -> int:
             if run.comparison is not None:
                 out.print(f"{method_label(method, algorithm)} vs target alone: {run.comparison}", markup=False)
     for failure in methods.failures:
-        out.print(f"Left out: {failure}", markup=False)
+        out.print(f"Left out of this run: {failure}", markup=False)
     return 0
 
 
