@@ -1,5 +1,6 @@
 #!/bin/bash
-# Greedy on prompts that are not in the repository: target alone, transformers UAG (5.24), hf_hetspec, one thread.
+# Greedy on prompts that are not in the repository: target alone, transformers UAG, hf_hetspec, one thread.
+# /tmp/v524: a venv with transformers 5.24 over the project venv (5.25's UAG fails on this pair).
 cd /work/main
 i=0
 while IFS= read -r -d $'\0' p; do
