@@ -1,4 +1,5 @@
-"""The target's linear layers through packed fp16 copies of its bf16 weights, on a CPU without bf16 instructions.
+"""The target's linear layers through packed fp16 copies of its bf16 (or fp16, or fp16-exact float32) weights, on a
+CPU without bf16 instructions.
 
 Why: a CPU without half-precision instructions (AVX2 only) computes a bf16 ``nn.Linear`` by converting as it
 goes, and the cost grows with the tokens of a forward: a bf16 Qwen2.5-Coder-1.5B forward of 1 / 2 / 4 / 6 / 8
@@ -18,6 +19,15 @@ number the bf16 layer forms, the sums run in float32 in another order, and the o
 dtype as the layer rounds it: an output differs from the bf16 layer's only where a sum lies on a rounding
 boundary of bf16, the same ties that a k-token forward has against a one-token forward. Measured on the forwards
 above: largest logit difference 0.08-0.14 (one bf16 step at logits near 20), the same argmax.
+
+A float32 target. Its weights are often bf16 or fp16 numbers upcast (a bf16 checkpoint loaded in float32, which
+is generate()'s CPU default; the zoo's models, stored as fp16): then the same scaling holds them exactly, and the
+packed layer forms the float32 layer's products and sums them in float32 in another order, with no rounding after
+(the same ties as a k-token forward against a one-token one). Their own layers pay for a verified token too: MKL's
+float32 product of 8960 x 1536 took 3.2 ms for one token row and 11.1-12.3 ms for 7-8 (AVX2 AMD EPYC, one thread,
+2026-12-04), and a Qwen2.5-Coder-1.5B forward of ~7 tokens 1.2-1.4 s against 343-438 ms for one, so hf_hetspec ran
+0.53-0.75x the target alone there. A float32 weight that is not such a number (a model trained or merged in
+float32) leaves its layer as it is, and a target none of whose layers packs runs ``"eager"``.
 
 The copy costs the memory of the layers' weights once more (2 bytes per weight) and some seconds to make, once
 per target while its weights do not change (:func:`prepare_target`, cached like the drafter's copies).
@@ -41,6 +51,12 @@ from .drafter import model_device
 from .runtime import check_choice, weights_version
 from .schedule import cpu_has_half_instructions
 from .status import status
+
+#: Weight dtypes whose ``nn.Linear`` layers may pack (each weight checked by :func:`pack_linear`).
+PACKABLE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: Why a target none of whose layers packs runs ``"eager"``.
+NOTHING_PACKED = "no weight of its layers is exactly an fp16 number times a power of two per row"
 
 #: ``generate(hetspec_target=...)``: ``"auto"`` (``"fp16-packed"`` where it applies, :func:`resolve_target_runtime`),
 #: ``"eager"`` (the target's layers as they are) or ``"fp16-packed"``.
@@ -86,7 +102,7 @@ def pack_linear(layer: torch.nn.Linear) -> PackedLinear | None:
     number times its row's power of two (then the layer keeps running as it is).
 
     Args:
-        layer: an ``nn.Linear`` whose weight of shape ``(out_features, in_features)`` is bf16 or fp16.
+        layer: an ``nn.Linear`` whose weight of shape ``(out_features, in_features)`` is bf16, fp16 or float32.
     """
     weight = layer.weight.detach()
     largest = weight.abs().amax(dim=1).float()
@@ -94,7 +110,7 @@ def pack_linear(layer: torch.nn.Linear) -> PackedLinear | None:
         return None
     exponent = torch.where(largest > 0, ROW_EXPONENT - torch.floor(torch.log2(largest.clamp_min(1e-38))), 0.0)
     scale = torch.exp2(exponent)
-    scaled = weight.float().mul_(scale[:, None])  # exact: powers of two in float32's range
+    scaled = weight.float() * scale[:, None]  # exact (powers of two in float32's range); never the layer's own tensor
     if not torch.equal(scaled.half().float(), scaled):
         return None
     bias = None
@@ -174,10 +190,13 @@ def check_target_runtime(runtime) -> str:
 
 
 def _linears(target: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The target's plain bf16/fp16 ``nn.Linear`` layers on the CPU whose ``forward`` nothing replaced (accelerate's
-    offload hooks, for one, wrap a module's ``forward``: such a layer keeps running as it is)."""
+    """The target's plain bf16/fp16/float32 ``nn.Linear`` layers on the CPU whose ``forward`` nothing replaced
+    (accelerate's offload hooks, for one, wrap a module's ``forward``: such a layer keeps running as it is) and
+    whose weight is a plain tensor (torchao's quantized weights are tensor subclasses: already quantized, they
+    run as they are)."""
     return [m for m in target.modules()
-            if type(m) is torch.nn.Linear and m.weight.dtype in (torch.bfloat16, torch.float16)
+            if type(m) is torch.nn.Linear and m.weight.dtype in PACKABLE_DTYPES
+            and type(m.weight.detach()) is torch.Tensor
             and m.weight.device.type == "cpu" and "forward" not in m.__dict__]
 
 
@@ -186,23 +205,24 @@ def _unavailable(target: torch.nn.Module, linears: list[torch.nn.Linear]) -> str
     device, dtype = model_device(target), target.dtype
     if device.type != "cpu":
         return f"the target is on {device.type}, not the CPU"
-    if dtype not in (torch.bfloat16, torch.float16):
-        return f"the target's weights are {str(dtype).removeprefix('torch.')}, not bf16 or fp16"
+    if dtype not in PACKABLE_DTYPES:
+        return f"the target's weights are {str(dtype).removeprefix('torch.')}, not bf16, fp16 or float32"
     if ("fbgemm" not in torch.backends.quantized.supported_engines
             or torch.backends.cpu.get_cpu_capability() not in ROWS_PER_PASS):
         return "fbgemm's fp16 products need an x86 CPU with AVX2 and a PyTorch with fbgemm"
     if not linears:
-        return "the target has no bf16 or fp16 nn.Linear layers"
+        return "the target has no bf16, fp16 or float32 nn.Linear layers"
     return ""
 
 
 def resolve_target_runtime(target: torch.nn.Module, runtime: str = "auto") -> tuple[str, str]:
     """The target runtime for ``runtime`` and a note when ``"auto"`` did not pack for a reason worth saying.
 
-    ``"auto"`` packs a bf16 or fp16 target on a CPU without the dtype's own instructions
-    (:func:`hf_hetspec.schedule.cpu_has_half_instructions`; where they exist the target's layers read their
-    weights once per forward already) and with :data:`MEMORY_MARGIN` times the copy's bytes available, unless
-    the copy of the target's current weights is already made (it then holds that memory itself).
+    ``"auto"`` packs a float32 target on any x86 CPU with fbgemm, and a bf16 or fp16 target on a CPU without the
+    dtype's own instructions (:func:`hf_hetspec.schedule.cpu_has_half_instructions`; where they exist the target's
+    layers read their weights once per forward already), each with :data:`MEMORY_MARGIN` times the copy's bytes
+    available, unless the copy of the target's current weights is already made (it then holds that memory itself).
+    Whether a float32 target's weights pack is found by :func:`prepare_target`.
 
     Raises:
         ValueError: an unknown runtime, or ``"fp16-packed"`` for a target that cannot run it (the reason).
@@ -216,7 +236,7 @@ def resolve_target_runtime(target: torch.nn.Module, runtime: str = "auto") -> tu
         if why:
             raise ValueError(f"hetspec_target='fp16-packed': {why}; use hetspec_target='auto' or 'eager'.")
         return "fp16-packed", ""
-    if why or cpu_has_half_instructions(target.dtype):
+    if why or (target.dtype != torch.float32 and cpu_has_half_instructions(target.dtype)):
         return "eager", ""
     cached = _PREPARED.get(target)
     if cached is not None and cached[0] == weights_version(target):
@@ -234,8 +254,11 @@ def prepare_target(target: torch.nn.Module, runtime: str = "auto") -> PreparedTa
     cached while the target lives and its weights do not change (``load_state_dict``, training steps, PEFT
     adapters switched or merged make it again).
 
+    A target none of whose layers packs (:func:`pack_linear`) runs ``"eager"`` with a note, remembered alike.
+
     Raises:
-        ValueError: as :func:`resolve_target_runtime`, before any copy is made.
+        ValueError: as :func:`resolve_target_runtime`, before any copy is made; ``"fp16-packed"`` for a target
+            none of whose layers packs.
     """
     resolved, note = resolve_target_runtime(target, runtime)
     if resolved == "eager":
@@ -244,13 +267,22 @@ def prepare_target(target: torch.nn.Module, runtime: str = "auto") -> PreparedTa
     cached = _PREPARED.get(target)
     if cached is not None and cached[0] == version:
         prepared = cached[1]
-        return PreparedTarget(prepared.runtime, prepared.layers, prepared.memory_bytes, 0.0, note, prepared.kept)
+        if not prepared.layers and runtime == "fp16-packed":
+            raise ValueError(f"hetspec_target='fp16-packed': {NOTHING_PACKED}; use hetspec_target='auto' or 'eager'.")
+        return PreparedTarget(prepared.runtime, prepared.layers, prepared.memory_bytes, 0.0, note or prepared.note,
+                              prepared.kept)
     status("packing the target's linear layers as fp16 (once per target) ...")
     start = time.perf_counter()
     linears = _linears(target)
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         packed = list(pool.map(pack_linear, linears))
     layers = {m: p for m, p in zip(linears, packed) if p is not None}
+    if not layers:  # e.g. float32 weights trained in float32: nothing to pack
+        if runtime == "fp16-packed":
+            raise ValueError(f"hetspec_target='fp16-packed': {NOTHING_PACKED}; use hetspec_target='auto' or 'eager'.")
+        prepared = PreparedTarget("eager", note=f"target's layers not packed: {NOTHING_PACKED}")
+        _PREPARED[target] = (version, prepared)
+        return prepared
     memory = sum(m.weight.numel() * 2 for m in layers)
     prepared = PreparedTarget("fp16-packed", layers, memory, time.perf_counter() - start, note,
                               len(linears) - len(layers))

@@ -29,6 +29,13 @@ def bf16_target(toy_pair):
     return copy.deepcopy(toy_pair.target).to(torch.bfloat16)
 
 
+@pytest.fixture(scope="module")
+def float32_target(toy_pair):
+    """The toy target in float32 with weights that are fp16 numbers (as a bf16 or fp16 checkpoint loaded in float32:
+    generate()'s CPU default), its own copy."""
+    return copy.deepcopy(toy_pair.target).half().float()
+
+
 def _layer(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Linear:
     layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -77,6 +84,28 @@ def test_a_packed_layer_forms_the_float32_products_of_the_bf16_weights():
     error = (torch.ops.quantized.linear_dynamic_fp16(flat, unscaled).double()
              - (flat.double() @ layer.weight.double().T + layer.bias.double())).abs()
     assert (error > _float32_error_bound(layer, flat)).any()
+
+
+def test_a_float32_layer_of_fp16_numbers_packs_exactly_and_keeps_its_own_weights():
+    """A float32 weight that is an fp16 number times its row's power of two packs: the packed products are the
+    float32 layer's up to float32 summation error, with no rounding after; the layer's own weight is untouched (it
+    is the layer's tensor when already float32). A float32 weight of 24 significant bits does not pack."""
+    generator = torch.Generator().manual_seed(1)
+    weight = _wide_range_weight(generator).float()
+    layer = torch.nn.Linear(96, 8, dtype=torch.float32)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(torch.randn(8, generator=generator).half().float())
+    before = layer.weight.detach().clone()
+    packed = pack_linear(layer)
+    assert packed is not None and torch.equal(layer.weight, before)
+    x = torch.randn(2, 5, 96, generator=generator)
+    exact = x.double() @ layer.weight.double().T + layer.bias.double()
+    assert packed(x).dtype == torch.float32
+    assert ((packed(x).double() - exact).abs() <= _float32_error_bound(layer, x.reshape(-1, 96)).reshape(2, 5, 8)).all()
+    with torch.no_grad():
+        layer.weight.add_(torch.randn(8, 96, generator=generator) * 1e-3)  # full float32 mantissas
+    assert pack_linear(layer) is None
 
 
 def test_a_layer_that_fp16_cannot_hold_keeps_running_as_it_is():
@@ -132,16 +161,55 @@ def test_greedy_output_with_packed_layers_is_the_bf16_targets_own(toy_pair, bf16
     assert compare_greedy(bf16_target, ids, plain, broken).verdict == "different"
 
 
-@pytest.mark.parametrize("algorithm", ["tli", "slrs"])
-def test_sampling_with_packed_layers_has_the_targets_distribution(toy_pair, bf16_target, algorithm, monkeypatch):
-    """Two sampled tokens through the packed layers against the bf16 target's exact distribution (its own
-    layers, temperature 0.7, top-k 5); the same harness rejects layers that forget their row scales."""
+@pytest.mark.parametrize("algorithm", ["slem", "slrs"])
+def test_greedy_output_with_packed_float32_layers_is_the_float32_targets_own(toy_pair, float32_target, algorithm,
+                                                                            monkeypatch):
+    """A float32 target whose weights are fp16 numbers packs under ``"auto"`` (on any CPU with fbgemm, even one
+    with bf16 instructions), and its greedy output is its own token for token (float32: no tie allowed); a packed
+    layer that forgets its row scales changes it."""
+    monkeypatch.setattr(packed_target, "cpu_has_half_instructions", lambda dtype: True)
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    plain = type(float32_target).generate(float32_target, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    call = dict(max_new_tokens=NEW_TOKENS, do_sample=False, hetspec_algorithm=algorithm)
+    out, stats = _generate(float32_target, toy_pair, ids, **call)
+    assert compare_greedy(float32_target, ids, plain, out).verdict == "identical"
+    assert stats.target_runtime == "fp16-packed" and stats.accepted_tokens > 0
+
+    def without_row_scales(self, x):  # BROKEN: the outputs stay multiplied by 2**s_n
+        flat = x.reshape(-1, x.shape[-1]).float()
+        return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    monkeypatch.setattr(PackedLinear, "__call__", without_row_scales)
+    broken, _ = _generate(float32_target, toy_pair, ids, **call)
+    assert compare_greedy(float32_target, ids, plain, broken).verdict == "different"
+
+
+def test_a_float32_target_with_no_fp16_weights_runs_its_own_layers_and_says_why(toy_pair):
+    """The toy target's float32 weights have full mantissas: ``"auto"`` runs it eager with a note (remembered: no
+    second check), and ``"fp16-packed"`` is refused with the reason."""
+    target = copy.deepcopy(toy_pair.target)
+    assert resolve_target_runtime(target) == ("fp16-packed", "")  # the weights decide (prepare_target)
+    prepared = prepare_target(target)
+    assert prepared.runtime == "eager" and packed_target.NOTHING_PACKED in prepared.note and not prepared.layers
+    again = prepare_target(target)
+    assert again.runtime == "eager" and packed_target.NOTHING_PACKED in again.note
+    with pytest.raises(ValueError, match="hetspec_target='fp16-packed': no weight of its layers is exactly an fp16"):
+        prepare_target(target, "fp16-packed")
+    with pytest.raises(ValueError, match="hetspec_target='fp16-packed': no weight of its layers is exactly an fp16"):
+        prepare_target(copy.deepcopy(toy_pair.target), "fp16-packed")
+
+
+@pytest.mark.parametrize("dtype, algorithm", [("bf16", "tli"), ("bf16", "slrs"), ("float32", "slem")])
+def test_sampling_with_packed_layers_has_the_targets_distribution(toy_pair, dtype, algorithm, monkeypatch, request):
+    """Two sampled tokens through the packed layers against the target's exact distribution (its own layers,
+    bf16 or float32, temperature 0.7, top-k 5); the same harness rejects layers that forget their row scales."""
+    target = request.getfixturevalue(f"{dtype}_target")
     ids = toy_pair.target_tokenizer("the", return_tensors="pt").input_ids
     setting = dict(temperature=0.7, top_k=5)
-    expected = exact_target_distribution(bf16_target, ids, 2, **setting)
+    expected = exact_target_distribution(target, ids, 2, **setting)
 
     def report(n=400):
-        sampler = hetspec_sampler(bf16_target, toy_pair.drafter, toy_pair.target_tokenizer,
+        sampler = hetspec_sampler(target, toy_pair.drafter, toy_pair.target_tokenizer,
                                   toy_pair.drafter_tokenizer, ids, algorithm, 2, hetspec_target="fp16-packed",
                                   **setting)
         result = check_lossless(expected, sample_outcomes(sampler, n, seed=0), ALPHA)
@@ -167,7 +235,6 @@ def test_auto_packs_a_half_precision_target_only_on_a_cpu_without_its_instructio
     target = copy.deepcopy(bf16_target)  # no packed copy of it yet (other tests pack bf16_target)
     monkeypatch.setattr(packed_target, "cpu_has_half_instructions", lambda dtype: False)
     assert resolve_target_runtime(target) == ("fp16-packed", "")
-    assert resolve_target_runtime(toy_pair.target) == ("eager", "")  # float32: nothing to gain
     assert resolve_target_runtime(target, "eager") == ("eager", "")
     monkeypatch.setattr(packed_target, "_available_memory", lambda: 1000)
     runtime, note = resolve_target_runtime(target)
@@ -181,8 +248,12 @@ def test_auto_packs_a_half_precision_target_only_on_a_cpu_without_its_instructio
 
 def test_an_impossible_or_unknown_target_runtime_is_refused_before_any_work(toy_pair):
     ids = toy_pair.target_tokenizer("the cat", return_tensors="pt").input_ids
-    with pytest.raises(ValueError, match="hetspec_target='fp16-packed': the target's weights are float32.*'auto' or"):
+    with pytest.raises(ValueError, match="hetspec_target='fp16-packed': no weight of its layers is exactly an fp16"):
         _generate(toy_pair.target, toy_pair, ids, max_new_tokens=4, hetspec_target="fp16-packed")
+    with pytest.raises(ValueError, match="hetspec_target='fp16-packed': the target's weights are float64, not bf16, "
+                                         "fp16 or float32.*'auto' or"):
+        _generate(copy.deepcopy(toy_pair.target).double(), toy_pair, ids, max_new_tokens=4,
+                  hetspec_target="fp16-packed")
     with pytest.raises(ValueError, match="hetspec_target='int4' is not known; use one of auto, eager, fp16-packed"):
         _generate(toy_pair.target, toy_pair, ids, max_new_tokens=4, hetspec_target="int4")
 
