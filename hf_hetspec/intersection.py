@@ -209,10 +209,20 @@ def prefix_map_for(target: Vocabulary, drafter: Vocabulary, use_cache: bool = Tr
     return tensors["drafter_to_target"]
 
 
+#: The environment variable naming hf_hetspec's cache folder (:func:`cache_root`).
+HOME_ENV = "HF_HETSPEC_HOME"
+
+
+def cache_root() -> Path:
+    """hf_hetspec's cache folder (not created here): ``$HF_HETSPEC_HOME``, default ``~/.cache/hf_hetspec``; it
+    holds the vocabulary maps, measured verify costs and the zoo's models."""
+    home = os.environ.get(HOME_ENV)
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "hf_hetspec"
+
+
 def cache_dir() -> Path:
-    """``$HF_HETSPEC_HOME/intersections`` (default ``~/.cache/hf_hetspec/intersections``)."""
-    root = os.environ.get("HF_HETSPEC_HOME") or Path.home() / ".cache" / "hf_hetspec"
-    return Path(root) / "intersections"
+    """``cache_root()/intersections`` (default ``~/.cache/hf_hetspec/intersections``)."""
+    return cache_root() / "intersections"
 
 
 def _key(target: Vocabulary, drafter: Vocabulary) -> str:

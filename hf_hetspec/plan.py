@@ -58,6 +58,7 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
 from .drafter import model_device
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import DraftPolicy, HeterogeneousProposer, Proposer
+from .calibration import measured_verify_cost, needs_measuring
 from .packed_target import PreparedTarget, prepare_target
 from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
@@ -315,6 +316,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     check_drafter_weights(drafter)
     prepared_target = prepare_target(target, args.target_runtime)
     target_verify_cost = verify_cost(model_device(target), target.dtype, prepared_target.runtime)
+    if needs_measuring(target, prepared_target.runtime):  # a CPU target's own layers: no table knows its v
+        target_verify_cost = measured_verify_cost(target) or target_verify_cost
 
     def schedule_for(runtime: str) -> Schedule:
         return args.schedule or choose_schedule(algorithm, drafter_runtime=runtime, verify_cost=target_verify_cost,

@@ -107,8 +107,11 @@ class Schedule:
 #: ``hf-hetspec bench`` measured verification forwards of 6.4 tokens at 6.6 single-token steps (TPOT 388 ms
 #: against 378 ms, benchmarks/results/suite-report-greedy-bf16): about 1 per token, so no draft pays there and
 #: the source policy decodes alone (:class:`hf_hetspec.sources.SourcePolicy`). In float32: 481 ms and 1,229 ms
-#: (0.10). The same bf16 target with its layers packed as fp16 (:mod:`hf_hetspec.packed_target`): 343 ms for one
-#: token, 517 ms for 6 (0.10), 830 ms for 8.
+#: (0.10); but at one thread 368 ms for one token and 1,386 ms for 7 (0.46), so a CPU target running its own
+#: layers gets ``v`` measured on the machine instead (:mod:`hf_hetspec.calibration`; these values stand for
+#: targets too small to time). The same bf16 target with its layers packed as fp16
+#: (:mod:`hf_hetspec.packed_target`): 343 ms for one token, 517 ms for 6 (0.10), 830 ms for 8; float32 packed,
+#: 257 ms for one, 343 ms for 4 (0.11).
 VERIFY_COSTS: dict[str, float] = {"native": 0.03, "cpu-emulated-half": 1.0, "cpu-float32": 0.10,
                                    "cpu-fp16-packed": 0.10}
 VERIFY_COST = VERIFY_COSTS["native"]
@@ -118,7 +121,9 @@ def verify_cost(device, dtype, target_runtime: str = "eager") -> float:
     """``v`` for a target whose weights are ``dtype`` on ``device`` (:data:`VERIFY_COSTS`): on a CPU, float32, or
     bf16/fp16 with or without the CPU's own half-precision instructions (oneDNN's check), or with its layers packed
     as fp16 (``target_runtime`` ``"fp16-packed"``, :mod:`hf_hetspec.packed_target`); elsewhere ``native``.
-    A property of the machine, the same on every rank and every run, so the source policy stays reproducible."""
+    A property of the machine, the same on every rank and every run, so the source policy stays reproducible; the
+    plan replaces it by :func:`hf_hetspec.calibration.measured_verify_cost` (stored per machine) for a large CPU
+    target running its own layers."""
     import torch
 
     if getattr(device, "type", str(device)) != "cpu":

@@ -46,10 +46,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from tqdm.auto import tqdm
 
+from ..intersection import HOME_ENV, cache_root  # noqa: F401  (HOME_ENV: the zoo's documented variable)
+
 logger = logging.getLogger(__name__)
 
 MARKER_FILE = "hf_hetspec_zoo.json"
-HOME_ENV = "HF_HETSPEC_HOME"
 WHEELS_ENV = "HF_HETSPEC_WHEELS"
 FLOAT16_MAX = torch.finfo(torch.float16).max
 
@@ -209,8 +210,7 @@ def cache_dir() -> Path:
     Returns:
         Path: the folder (not created here).
     """
-    home = os.environ.get(HOME_ENV)
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "hf_hetspec"
+    return cache_root()
 
 
 def get_entry(name: str) -> ZooEntry:

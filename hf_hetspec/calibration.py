@@ -1,0 +1,153 @@
+"""The target's verification cost ``v`` measured on this machine, where a table cannot know it.
+
+``v`` (:data:`hf_hetspec.schedule.VERIFY_COSTS`) is the target forwards one more verified draft token adds. On a
+GPU, or on a CPU with the dtype's own instructions, a forward of a few tokens reads the weights once and ``v`` is
+small everywhere. A CPU target running its own layers (``hetspec_target="eager"``, or a float32 target whose
+weights do not pack, :mod:`hf_hetspec.packed_target`) has no such constant: its cost per token depends on the
+CPU, the BLAS library's path for it and the thread count. A float32 Qwen2.5-Coder-1.5B on an AVX2 AMD EPYC took
+481 ms for one token and 1,229 ms for 16 at two threads (``v`` 0.10), but 368 ms for one and 1,102 / 1,386 ms
+for 4 / 7 at one thread (0.67 / 0.46): with the table's 0.10 the schedule drafted long and hf_hetspec ran
+0.53-0.75x the target alone (docs/results.md, 2026-12-04).
+
+So for such a target :func:`measured_verify_cost` times one forward of 1 token and one of :data:`PROBE_TOKENS`
+tokens after a :data:`PROBE_CONTEXT`-token prompt of the target, once per machine, and stores ``v`` under
+``$HF_HETSPEC_HOME/verify_costs.json`` keyed by the CPU, the thread count, torch's version, the target's class,
+parameter count and dtype. Every later call on that machine reads the stored value: the source policy stays a
+function of the accepted tokens, and a seeded call reproducible (a process that cannot write the file keeps the
+value in memory). Targets below :data:`MIN_MEASURED_PARAMETERS` keep the table's value: their forwards are
+fixed overheads, and timing them would only add noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import platform
+import time
+import warnings
+
+import torch
+
+from .drafter import model_device
+from .intersection import cache_root
+from .status import status
+
+#: Targets with fewer parameters keep the table's ``v`` (:func:`measured_verify_cost`).
+MIN_MEASURED_PARAMETERS = 50_000_000
+
+#: Tokens of the measured verification forward: a draft of SLEM's default lookahead plus the bonus token.
+PROBE_TOKENS = 8
+
+#: Tokens of the prompt the measured forwards follow.
+PROBE_CONTEXT = 32
+
+#: Timed forwards of each width after one to warm up; the fastest counts.
+REPEATS = 2
+
+#: File under :func:`hf_hetspec.intersection.cache_root` holding the measured values.
+CACHE_FILE = "verify_costs.json"
+
+_MEMORY: dict[str, float] = {}
+
+
+def needs_measuring(target: torch.nn.Module, runtime: str) -> bool:
+    """Whether ``target`` running ``runtime`` (``"eager"`` or ``"fp16-packed"``) gets a measured ``v``: its own
+    layers on a CPU, with at least :data:`MIN_MEASURED_PARAMETERS` parameters."""
+    if runtime != "eager" or model_device(target).type != "cpu":
+        return False
+    return sum(p.numel() for p in target.parameters()) >= MIN_MEASURED_PARAMETERS
+
+
+def machine_key(target: torch.nn.Module) -> str:
+    """What ``v`` depends on: the CPU (its name and vector width), torch's threads and version, and the target's
+    class, parameter count and dtype (hashed, 32 hex digits)."""
+    parts = [_cpu_name(), torch.backends.cpu.get_cpu_capability(), str(torch.get_num_threads()), torch.__version__,
+             type(target).__name__, str(sum(p.numel() for p in target.parameters())), str(target.dtype)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
+    """``v`` of ``target`` on this machine, measured once and stored (module docstring); ``None`` when measuring
+    fails (the caller keeps the table's value; a warning says why).
+
+    Args:
+        target: a causal LM on the CPU, running its own layers.
+        measure: ``measure(target) -> (one_token_s, probe_s)`` (default :func:`time_forwards`); tests pass
+            their own.
+
+    Returns:
+        ``(probe_s / one_token_s - 1) / (PROBE_TOKENS - 1)``, at least 0, rounded to two decimals.
+    """
+    key = machine_key(target)
+    if key in _MEMORY:
+        return _MEMORY[key]
+    path = cache_root() / CACHE_FILE
+    stored = _read(path)
+    if key in stored:
+        _MEMORY[key] = stored[key]
+        return stored[key]
+    status(f"measuring the target's cost per verified token on this machine (once, {PROBE_TOKENS}-token forward) ...")
+    try:
+        one, probe = (measure or time_forwards)(target)
+    except Exception as err:  # an unusual forward: the table's value stands
+        warnings.warn(f"hf_hetspec could not time the target's forwards ({type(err).__name__}: {err}); it counts "
+                      "the verify cost of its class (hf_hetspec.schedule.VERIFY_COSTS)")
+        return None
+    v = round(max(0.0, (probe / one - 1.0) / (PROBE_TOKENS - 1)), 2)
+    status(f"the target's forwards: 1 token {one * 1e3:.0f} ms, {PROBE_TOKENS} tokens {probe * 1e3:.0f} ms: "
+           f"v = {v:g} (stored in {path})")
+    _MEMORY[key] = v
+    stored[key] = v
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache: this process keeps the value, the next one measures again
+    return v
+
+
+def time_forwards(target: torch.nn.Module) -> tuple[float, float]:
+    """Seconds of the fastest of :data:`REPEATS` forwards of 1 and of :data:`PROBE_TOKENS` tokens (after one
+    of each to warm up), each after the same :data:`PROBE_CONTEXT`-token prompt in the cache; the token ids are
+    fixed pseudo-random ones below the target's vocabulary size."""
+    vocab = target.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(vocab, (1, PROBE_CONTEXT + PROBE_TOKENS), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model_device(target))
+    with torch.inference_mode():
+        prompt_cache = target(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values
+
+        def fastest(tokens: int) -> float:
+            best = math.inf
+            for _ in range(REPEATS + 1):
+                cache = copy.deepcopy(prompt_cache)
+                start = time.perf_counter()
+                target(ids[:, PROBE_CONTEXT:PROBE_CONTEXT + tokens], past_key_values=cache, use_cache=True)
+                best = min(best, time.perf_counter() - start)
+            return best
+
+        return fastest(1), fastest(PROBE_TOKENS)
+
+
+def _read(path) -> dict[str, float]:
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {k: float(v) for k, v in stored.items() if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

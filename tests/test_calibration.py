@@ -1,0 +1,102 @@
+"""The target's verify cost measured on this machine (hf_hetspec/calibration.py): measured once and stored per
+machine, and a call whose verification is dear draws no drafts while its output stays the target's own."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import hf_hetspec
+from hf_hetspec import calibration
+from hf_hetspec.calibration import PROBE_TOKENS, machine_key, measured_verify_cost, needs_measuring
+from hf_hetspec.testing.greedy import compare_greedy
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty ``$HF_HETSPEC_HOME`` and no value in memory."""
+    monkeypatch.setenv("HF_HETSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(calibration, "_MEMORY", {})
+    return tmp_path
+
+
+def _forwards(v: float, one: float = 0.4):
+    """A ``measure`` whose forwards cost ``one`` s for one token and ``v`` more forwards per further token."""
+    return lambda target: (one, one * (1 + v * (PROBE_TOKENS - 1)))
+
+
+def test_v_is_measured_once_per_machine_and_stored(toy_pair, fresh_cache, monkeypatch):
+    assert measured_verify_cost(toy_pair.target, _forwards(0.46)) == 0.46
+    stored = json.loads((fresh_cache / calibration.CACHE_FILE).read_text())
+    assert stored == {machine_key(toy_pair.target): 0.46}
+
+    def not_again(target):
+        raise AssertionError("measured twice")
+
+    assert measured_verify_cost(toy_pair.target, not_again) == 0.46  # this process remembers it
+    monkeypatch.setattr(calibration, "_MEMORY", {})
+    assert measured_verify_cost(toy_pair.target, not_again) == 0.46  # a new process reads the file
+    assert measured_verify_cost(toy_pair.target, _forwards(-0.5)) == 0.46
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)  # another thread count is another machine
+    assert measured_verify_cost(toy_pair.target, _forwards(0.1)) == 0.1
+    assert len(json.loads((fresh_cache / calibration.CACHE_FILE).read_text())) == 2
+
+
+def test_a_faster_wide_forward_counts_as_free_and_a_failed_timing_keeps_the_table(toy_pair, fresh_cache):
+    assert measured_verify_cost(toy_pair.target, lambda target: (0.5, 0.4)) == 0.0
+
+    def fails(target):
+        raise RuntimeError("no cache")
+
+    other = copy.deepcopy(toy_pair.target).double()  # another key
+    with pytest.warns(UserWarning, match="could not time the target's forwards .RuntimeError: no cache"):
+        assert measured_verify_cost(other, fails) is None
+
+
+def test_time_forwards_runs_the_targets_forwards(toy_pair):
+    one, probe = calibration.time_forwards(toy_pair.target)
+    assert 0 < one < 10 and 0 < probe < 10
+
+
+def test_only_a_large_cpu_target_on_its_own_layers_is_measured(toy_pair, monkeypatch):
+    assert not needs_measuring(toy_pair.target, "eager")  # a toy target: forwards are overheads
+    monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
+    assert needs_measuring(toy_pair.target, "eager")
+    assert not needs_measuring(toy_pair.target, "fp16-packed")  # the table knows the packed product
+
+
+def _generate(pair, ids, **kwargs):
+    hf_hetspec.enable(pair.target)
+    try:
+        out = pair.target.generate(ids, assistant_model=pair.drafter, tokenizer=pair.target_tokenizer,
+                                   assistant_tokenizer=pair.drafter_tokenizer, max_new_tokens=24, do_sample=False,
+                                   **kwargs)
+    finally:
+        hf_hetspec.disable(pair.target)
+    return out, hf_hetspec.last_stats(pair.target)
+
+
+def test_a_call_whose_verification_is_dear_draws_no_drafts(toy_pair, fresh_cache, monkeypatch):
+    """The toy float32 target (its weights do not pack: it runs its own layers) counted as a large CPU target:
+    where one more verified token costs more than a forward (v 1.2) no draft can pay, and the call decodes alone,
+    the target's own output; where it costs nothing the same call drafts. The table's float32 value (0.10) would
+    draft in both."""
+    monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=24, do_sample=False)
+
+    monkeypatch.setattr(calibration, "time_forwards", _forwards(1.2))
+    out, stats = _generate(toy_pair, ids)
+    assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
+    assert stats.target_runtime == "eager" and stats.drafted_tokens == 0 and stats.drafter_forwards == 0
+    assert stats.target_forwards == stats.new_tokens
+
+    monkeypatch.setattr(calibration, "_MEMORY", {})
+    (fresh_cache / calibration.CACHE_FILE).unlink()
+    monkeypatch.setattr(calibration, "time_forwards", _forwards(0.0))
+    out, stats = _generate(toy_pair, ids)
+    assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
+    assert stats.drafted_tokens > 0
