@@ -9,7 +9,7 @@ CPU, the BLAS library's path for it and the thread count. A float32 Qwen2.5-Code
 for 4 / 7 at one thread (0.67 / 0.46): with the table's 0.10 the schedule drafted long and hf_hetspec ran
 0.53-0.75x the target alone (docs/results.md, 2026-12-04).
 
-So for such a target :func:`measured_verify_cost` times one forward of 1 token and one of :data:`PROBE_TOKENS`
+So for such a target :func:`measured_verify_cost` times forwards of 1 token and of each of :data:`PROBE_WIDTHS`
 tokens after a :data:`PROBE_CONTEXT`-token prompt of the target, once per machine, and stores ``v`` under
 ``$HF_HETSPEC_HOME/verify_costs.json`` keyed by the CPU, the thread count, torch's version, the target's class,
 parameter count and dtype. Every later call on that machine reads the stored value: the source policy stays a
@@ -30,6 +30,7 @@ import warnings
 
 import torch
 
+from .compat import cache_kwargs, output_cache
 from .drafter import model_device
 from .intersection import cache_root
 from .status import status
@@ -37,13 +38,15 @@ from .status import status
 #: Targets with fewer parameters keep the table's ``v`` (:func:`measured_verify_cost`).
 MIN_MEASURED_PARAMETERS = 50_000_000
 
-#: Tokens of the measured verification forward: a draft of SLEM's default lookahead plus the bonus token.
-PROBE_TOKENS = 8
+#: Widths (tokens) of the measured verification forwards. A BLAS library's cost is not linear in the tokens: MKL's
+#: float32 forward above costs 0.67 of a forward per token at 4 tokens and 0.31 at 8, so ``v`` is the largest of
+#: the widths' costs per token, the cost of the dearest draft length.
+PROBE_WIDTHS = (2, 4, 8)
 
 #: Tokens of the prompt the measured forwards follow.
 PROBE_CONTEXT = 32
 
-#: Timed forwards of each width after one to warm up; the fastest counts.
+#: Timed forwards of each width (the prompt's forward warms the product up); the fastest counts.
 REPEATS = 2
 
 #: File under :func:`hf_hetspec.intersection.cache_root` holding the measured values.
@@ -61,10 +64,11 @@ def needs_measuring(target: torch.nn.Module, runtime: str) -> bool:
 
 
 def machine_key(target: torch.nn.Module) -> str:
-    """What ``v`` depends on: the CPU (its name and vector width), torch's threads and version, and the target's
-    class, parameter count and dtype (hashed, 32 hex digits)."""
+    """What ``v`` depends on: the CPU (its name and vector width), torch's threads and version, the target's
+    class, parameter count and dtype, and how it is measured (hashed, 32 hex digits)."""
     parts = [_cpu_name(), torch.backends.cpu.get_cpu_capability(), str(torch.get_num_threads()), torch.__version__,
-             type(target).__name__, str(sum(p.numel() for p in target.parameters())), str(target.dtype)]
+             type(target).__name__, str(sum(p.numel() for p in target.parameters())), str(target.dtype),
+             str(PROBE_WIDTHS), str(PROBE_CONTEXT)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
@@ -74,11 +78,12 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
 
     Args:
         target: a causal LM on the CPU, running its own layers.
-        measure: ``measure(target) -> (one_token_s, probe_s)`` (default :func:`time_forwards`); tests pass
-            their own.
+        measure: ``measure(target) -> {tokens: seconds}`` for 1 and each of :data:`PROBE_WIDTHS` (default
+            :func:`time_forwards`); tests pass their own.
 
     Returns:
-        ``(probe_s / one_token_s - 1) / (PROBE_TOKENS - 1)``, at least 0, rounded to two decimals.
+        the largest ``(seconds[w] / seconds[1] - 1) / (w - 1)`` over the widths ``w``, at least 0, rounded to
+        two decimals.
     """
     key = machine_key(target)
     if key in _MEMORY:
@@ -88,16 +93,16 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
     if key in stored:
         _MEMORY[key] = stored[key]
         return stored[key]
-    status(f"measuring the target's cost per verified token on this machine (once, {PROBE_TOKENS}-token forward) ...")
+    status("measuring the target's cost per verified token on this machine (once) ...")
     try:
-        one, probe = (measure or time_forwards)(target)
+        seconds = (measure or time_forwards)(target)
     except Exception as err:  # an unusual forward: the table's value stands
         warnings.warn(f"hf_hetspec could not time the target's forwards ({type(err).__name__}: {err}); it counts "
                       "the verify cost of its class (hf_hetspec.schedule.VERIFY_COSTS)")
         return None
-    v = round(max(0.0, (probe / one - 1.0) / (PROBE_TOKENS - 1)), 2)
-    status(f"the target's forwards: 1 token {one * 1e3:.0f} ms, {PROBE_TOKENS} tokens {probe * 1e3:.0f} ms: "
-           f"v = {v:g} (stored in {path})")
+    v = round(max(0.0, *((seconds[w] / seconds[1] - 1.0) / (w - 1) for w in PROBE_WIDTHS)), 2)
+    timings = ", ".join(f"{w}: {seconds[w] * 1e3:.0f}" for w in (1, *PROBE_WIDTHS))
+    status(f"the target's forwards (tokens: ms) {timings}: v = {v:g} (stored in {path})")
     _MEMORY[key] = v
     stored[key] = v
     try:
@@ -110,26 +115,27 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
     return v
 
 
-def time_forwards(target: torch.nn.Module) -> tuple[float, float]:
-    """Seconds of the fastest of :data:`REPEATS` forwards of 1 and of :data:`PROBE_TOKENS` tokens (after one
-    of each to warm up), each after the same :data:`PROBE_CONTEXT`-token prompt in the cache; the token ids are
-    fixed pseudo-random ones below the target's vocabulary size."""
+def time_forwards(target: torch.nn.Module) -> dict[int, float]:
+    """``{tokens: seconds}``: the fastest of :data:`REPEATS` forwards of 1 and of each of :data:`PROBE_WIDTHS`
+    tokens, each after the same :data:`PROBE_CONTEXT`-token prompt in the cache; the token ids are fixed
+    pseudo-random ones below the target's vocabulary size."""
     vocab = target.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(vocab, (1, PROBE_CONTEXT + PROBE_TOKENS), generator=torch.Generator().manual_seed(0))
+    widest = max(PROBE_WIDTHS)
+    ids = torch.randint(vocab, (1, PROBE_CONTEXT + widest), generator=torch.Generator().manual_seed(0))
     ids = ids.to(model_device(target))
     with torch.inference_mode():
-        prompt_cache = target(ids[:, :PROBE_CONTEXT], use_cache=True).past_key_values
+        prompt_cache = output_cache(target(ids[:, :PROBE_CONTEXT], use_cache=True))
 
         def fastest(tokens: int) -> float:
             best = math.inf
-            for _ in range(REPEATS + 1):
+            for _ in range(REPEATS):
                 cache = copy.deepcopy(prompt_cache)
                 start = time.perf_counter()
-                target(ids[:, PROBE_CONTEXT:PROBE_CONTEXT + tokens], past_key_values=cache, use_cache=True)
+                target(ids[:, PROBE_CONTEXT:PROBE_CONTEXT + tokens], use_cache=True, **cache_kwargs(target, cache))
                 best = min(best, time.perf_counter() - start)
             return best
 
-        return fastest(1), fastest(PROBE_TOKENS)
+        return {tokens: fastest(tokens) for tokens in (1, *PROBE_WIDTHS)}
 
 
 def _read(path) -> dict[str, float]:

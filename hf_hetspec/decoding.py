@@ -70,7 +70,7 @@ def overlaps_prefill(target, proposer: Proposer) -> bool:
     load average, this process's own included, below the core count minus one half), and at least
     :data:`OVERLAP_PREFILL_MIN` drafter tokens to prefill. A prefill is compute-bound, so the two run side by
     side at nearly full speed on two free cores; on a GPU both would queue on the same device. Never where the
-    source policy never drafts (``verify_cost >= 1``, :attr:`hf_hetspec.sources.SourcePolicy.never_drafts`): there the
+    source policy never drafts (``v + c >= 0.9``, :attr:`hf_hetspec.sources.SourcePolicy.never_drafts`): there the
     drafter's prefill would only take memory bandwidth from the target's and split its prompt into two forwards.
 
     Measured (``benchmarks/overlap_prefill.py``, 3 Spec-Bench summarization prompts of 422-709 tokens, SLEM

@@ -324,9 +324,11 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
                                                 sample=bool(config.do_sample), **schedule_settings)
 
     # no drafter copy where the call's source policy (either loop's) will never draft
-    planned = schedule_for(resolve_runtime(drafter, args.drafter_runtime)[0])
+    planned_runtime = resolve_runtime(drafter, args.drafter_runtime)[0]
+    planned = schedule_for(planned_runtime)
     v = planned.verify_cost if planned.verify_cost is not None else target_verify_cost
-    drafts = not never_drafts(planned.back_off, v)
+    c = planned.cost_ratio if planned.cost_ratio is not None else COST_RATIOS[planned_runtime]
+    drafts = not never_drafts(planned.back_off, v, c)
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
     prepared = prepare_drafter(drafter, args.drafter_runtime, drafts=drafts)
     schedule = schedule_for(prepared.runtime)

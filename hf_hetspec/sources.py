@@ -131,13 +131,27 @@ class SourceEstimate:
         self.rounds += 1
 
 
-def never_drafts(back_off: bool, verify_cost: float) -> bool:
-    """Whether a policy with ``back_off`` chooses ``"none"`` every round: one verified token costs a whole target
-    forward or more (``verify_cost >= 1``, bf16 on a CPU without bf16 instructions), so a k-token draft would
-    cost at least k + 1 forwards for at most k + 1 tokens. The one rule behind :attr:`SourcePolicy.never_drafts`,
-    the prefill overlap's check (:func:`hf_hetspec.decoding.overlaps_prefill`) and the plan's choice to make no
-    drafter copy (:func:`hf_hetspec.plan.make_plan`)."""
-    return back_off and verify_cost >= 1.0
+#: Target forwards per drafted token (``v + c``) from which no draft is made (:func:`never_drafts`).
+DRAFT_COST_CEILING = 0.9
+
+
+def never_drafts(back_off: bool, verify_cost: float, cost_ratio: float = 0.0) -> bool:
+    """Whether a policy with ``back_off`` chooses ``"none"`` every round: a drafted token costs
+    ``verify_cost + cost_ratio`` target forwards, and a draft of one token pays only where it is accepted with a
+    probability above that (``1 + alpha`` tokens for ``1 + v + c`` forwards; longer drafts need more). From
+    :data:`DRAFT_COST_CEILING` on, only a draft accepted more than 9 times in 10 would pay, and then by a few
+    percent, while every rejected one costs most of a forward: bf16 on a CPU without bf16 instructions (``v``
+    1.0), or MKL's float32 forward at one thread on an AVX2 AMD EPYC (measured ``v`` 0.91 with an int8 drafter's
+    ``c`` 0.056: drafting ran 0.85x the target alone, 2026-12-04). The one rule behind
+    :attr:`SourcePolicy.never_drafts`, the prefill overlap's check (:func:`hf_hetspec.decoding.overlaps_prefill`)
+    and the plan's choice to make no drafter copy (:func:`hf_hetspec.plan.make_plan`).
+
+    Args:
+        back_off: whether the policy may choose ``"none"``.
+        verify_cost: ``v``, target forwards one more verified token adds.
+        cost_ratio: ``c``, one drafter step in target forwards.
+    """
+    return back_off and verify_cost + cost_ratio >= DRAFT_COST_CEILING
 
 
 @dataclass
@@ -150,9 +164,9 @@ class SourcePolicy:
       than the target alone would: its running rate is below :data:`BACK_OFF_RATE`, or that many rounds in a
       row each yielded less than their cost (``accepted + 1 < cost``). The drafter is tried again after :data:`MIN_BACK_OFF` rounds
       without a draft, after twice as many when that try leaves it failing (up to :data:`MAX_BACK_OFF`), and
-      the back-off ends when it no longer fails. Where one verified token costs a whole forward or more
-      (``verify_cost >= 1``: bf16 on a CPU without bf16 instructions at one thread) no draft can pay, and the
-      policy never drafts.
+      the back-off ends when it no longer fails. Where a drafted token costs 0.9 of a forward or more
+      (``verify_cost + cost_ratio``, :func:`never_drafts`: bf16 on a CPU without bf16 instructions at one thread)
+      no draft can pay, and the policy never drafts.
 
     Attributes:
         cost_ratio: ``c``, drafter step / target step of the drafter runtime in use.
@@ -175,7 +189,7 @@ class SourcePolicy:
     @property
     def never_drafts(self) -> bool:
         """Every round's source is ``"none"`` (:func:`never_drafts`)."""
-        return never_drafts(self.back_off, self.verify_cost)
+        return never_drafts(self.back_off, self.verify_cost, self.cost_ratio)
 
     def choose(self, lookup_available: bool) -> str:
         """The source of the next round."""

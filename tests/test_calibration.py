@@ -11,7 +11,7 @@ import torch
 
 import hf_hetspec
 from hf_hetspec import calibration
-from hf_hetspec.calibration import PROBE_TOKENS, machine_key, measured_verify_cost, needs_measuring
+from hf_hetspec.calibration import PROBE_WIDTHS, machine_key, measured_verify_cost, needs_measuring
 from hf_hetspec.testing.greedy import compare_greedy
 
 
@@ -25,7 +25,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def _forwards(v: float, one: float = 0.4):
     """A ``measure`` whose forwards cost ``one`` s for one token and ``v`` more forwards per further token."""
-    return lambda target: (one, one * (1 + v * (PROBE_TOKENS - 1)))
+    return lambda target: {w: one * (1 + v * (w - 1)) for w in (1, *PROBE_WIDTHS)}
 
 
 def test_v_is_measured_once_per_machine_and_stored(toy_pair, fresh_cache, monkeypatch):
@@ -45,8 +45,14 @@ def test_v_is_measured_once_per_machine_and_stored(toy_pair, fresh_cache, monkey
     assert len(json.loads((fresh_cache / calibration.CACHE_FILE).read_text())) == 2
 
 
-def test_a_faster_wide_forward_counts_as_free_and_a_failed_timing_keeps_the_table(toy_pair, fresh_cache):
-    assert measured_verify_cost(toy_pair.target, lambda target: (0.5, 0.4)) == 0.0
+def test_v_is_the_dearest_widths_cost_per_token_and_a_failed_timing_keeps_the_table(toy_pair, fresh_cache,
+                                                                                    monkeypatch):
+    """MKL's float32 forward costs more per token at 4 tokens than at 8: ``v`` is the dearest width's; a wide
+    forward faster than one token counts as free."""
+    assert measured_verify_cost(toy_pair.target, lambda target: {1: 0.4, 2: 0.6, 4: 1.2, 8: 1.4}) == 0.67
+    monkeypatch.setattr(calibration, "_MEMORY", {})
+    (fresh_cache / calibration.CACHE_FILE).unlink()
+    assert measured_verify_cost(toy_pair.target, lambda target: {1: 0.5, 2: 0.4, 4: 0.4, 8: 0.4}) == 0.0
 
     def fails(target):
         raise RuntimeError("no cache")
@@ -57,8 +63,8 @@ def test_a_faster_wide_forward_counts_as_free_and_a_failed_timing_keeps_the_tabl
 
 
 def test_time_forwards_runs_the_targets_forwards(toy_pair):
-    one, probe = calibration.time_forwards(toy_pair.target)
-    assert 0 < one < 10 and 0 < probe < 10
+    seconds = calibration.time_forwards(toy_pair.target)
+    assert sorted(seconds) == [1, *PROBE_WIDTHS] and all(0 < s < 10 for s in seconds.values())
 
 
 def test_only_a_large_cpu_target_on_its_own_layers_is_measured(toy_pair, monkeypatch):
@@ -79,16 +85,18 @@ def _generate(pair, ids, **kwargs):
     return out, hf_hetspec.last_stats(pair.target)
 
 
-def test_a_call_whose_verification_is_dear_draws_no_drafts(toy_pair, fresh_cache, monkeypatch):
+@pytest.mark.parametrize("dear", [1.2, 0.8])
+def test_a_call_whose_verification_is_dear_draws_no_drafts(toy_pair, fresh_cache, monkeypatch, dear):
     """The toy float32 target (its weights do not pack: it runs its own layers) counted as a large CPU target:
-    where one more verified token costs more than a forward (v 1.2) no draft can pay, and the call decodes alone,
-    the target's own output; where it costs nothing the same call drafts. The table's float32 value (0.10) would
-    draft in both."""
+    where one more verified token costs more than a forward (v 1.2), or 0.8 of one with the toy drafter's
+    ``c`` 0.165 (``v + c`` above :data:`hf_hetspec.sources.DRAFT_COST_CEILING`), no draft can pay, and the call
+    decodes alone, the target's own output; where it costs nothing the same call drafts. The table's float32
+    value (0.10) would draft in both."""
     monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
     ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
     plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=24, do_sample=False)
 
-    monkeypatch.setattr(calibration, "time_forwards", _forwards(1.2))
+    monkeypatch.setattr(calibration, "time_forwards", _forwards(dear))
     out, stats = _generate(toy_pair, ids)
     assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
     assert stats.target_runtime == "eager" and stats.drafted_tokens == 0 and stats.drafter_forwards == 0

@@ -126,6 +126,11 @@ def test_policy_backs_off_where_drafts_keep_failing_and_waits_longer_after_each_
     assert empty.failures == 0 and empty.choose(lookup_available=False) == "drafter"
     # a verified token that costs a whole forward: no draft can pay, none is made
     assert SourcePolicy(cost_ratio=0.05, verify_cost=1.0).choose(lookup_available=True) == "none"
+    # nor where v + c reaches 0.9 of a forward (a measured float32 CPU target's 0.91 with an int8 drafter's c);
+    # just below, the policy drafts and lets the back-off judge
+    assert SourcePolicy(cost_ratio=0.056, verify_cost=0.85).choose(lookup_available=True) == "none"
+    assert SourcePolicy(cost_ratio=0.0, verify_cost=0.85).choose(lookup_available=True) == "lookup"
+    assert SourcePolicy(cost_ratio=0.04, verify_cost=0.85).choose(lookup_available=False) == "drafter"
 
 
 def test_default_schedules_draft_from_the_context_and_explicit_ones_do_not():
