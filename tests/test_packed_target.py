@@ -118,6 +118,12 @@ def test_a_layer_that_fp16_cannot_hold_keeps_running_as_it_is():
     assert pack_linear(_layer(one_row)) is not None
 
 
+def _without_row_scales(self, x):
+    """BROKEN ``PackedLinear.__call__``: the outputs stay multiplied by ``2**s_n``."""
+    flat = x.reshape(-1, x.shape[-1]).float()
+    return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
 def _generate(target, pair, ids, **kwargs):
     hf_hetspec.enable(target)
     try:
@@ -152,11 +158,7 @@ def test_greedy_output_with_packed_layers_is_the_bf16_targets_own(toy_pair, bf16
     assert calls and any(shape[-2] > 1 for shape in calls)  # verification forwards of several tokens
     assert not any("forward" in module.__dict__ for module in bf16_target.modules())
 
-    def without_row_scales(self, x):  # BROKEN: the outputs stay multiplied by 2**s_n
-        flat = x.reshape(-1, x.shape[-1]).float()
-        return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).to(x.dtype).reshape(*x.shape[:-1], -1)
-
-    monkeypatch.setattr(PackedLinear, "__call__", without_row_scales)
+    monkeypatch.setattr(PackedLinear, "__call__", _without_row_scales)
     broken, _ = _generate(bf16_target, toy_pair, ids, **call)
     assert compare_greedy(bf16_target, ids, plain, broken).verdict == "different"
 
@@ -175,11 +177,7 @@ def test_greedy_output_with_packed_float32_layers_is_the_float32_targets_own(toy
     assert compare_greedy(float32_target, ids, plain, out).verdict == "identical"
     assert stats.target_runtime == "fp16-packed" and stats.accepted_tokens > 0
 
-    def without_row_scales(self, x):  # BROKEN: the outputs stay multiplied by 2**s_n
-        flat = x.reshape(-1, x.shape[-1]).float()
-        return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).to(x.dtype).reshape(*x.shape[:-1], -1)
-
-    monkeypatch.setattr(PackedLinear, "__call__", without_row_scales)
+    monkeypatch.setattr(PackedLinear, "__call__", _without_row_scales)
     broken, _ = _generate(float32_target, toy_pair, ids, **call)
     assert compare_greedy(float32_target, ids, plain, broken).verdict == "different"
 
@@ -220,11 +218,7 @@ def test_sampling_with_packed_layers_has_the_targets_distribution(toy_pair, dtyp
     assert result.num_bins >= 3 and result.passed, str(result)
     assert sampler.accepted_tokens > 0
 
-    def without_row_scales(self, x):  # BROKEN, as in the greedy test
-        flat = x.reshape(-1, x.shape[-1]).float()
-        return torch.ops.quantized.linear_dynamic_fp16(flat, self.packed).to(x.dtype).reshape(*x.shape[:-1], -1)
-
-    monkeypatch.setattr(PackedLinear, "__call__", without_row_scales)
+    monkeypatch.setattr(PackedLinear, "__call__", _without_row_scales)
     broken, _ = report()
     print(broken)
     assert broken.p_value < REJECT, str(broken)

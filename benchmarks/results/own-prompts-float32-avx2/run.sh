@@ -2,13 +2,14 @@
 # Greedy on prompts that are not in the repository: target alone, transformers UAG, hf_hetspec, one thread.
 # /tmp/v524: a venv with transformers 5.24 over the project venv (5.25's UAG fails on this pair).
 cd /work/main
+OUT=${OUT:-/tmp/own}; mkdir -p "$OUT"  # where the JSON files go
 i=0
 while IFS= read -r -d $'\0' p; do
   i=$((i+1))
   for dt in float32; do
     echo "=== prompt $i $dt load $(cut -d' ' -f1-3 /proc/loadavg)"
     /tmp/v524/bin/python -m hf_hetspec.tools.cli generate --target qwen2.5-coder-1.5b-instruct --drafter smollm2-135m-instruct \
-      --compare --json --threads 1 --max-new-tokens 64 --dtype $dt "$p" > /tmp/own/p${i}_${dt}.json 2> /tmp/own/p${i}_${dt}.err
+      --compare --json --threads 1 --max-new-tokens 64 --dtype $dt "$p" > "$OUT/p${i}_${dt}.json" 2> "$OUT/p${i}_${dt}.err"
     echo "rc=$? load $(cut -d' ' -f1-3 /proc/loadavg)"
   done
 done < <(printf '%s\0' \
