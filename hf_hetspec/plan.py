@@ -39,6 +39,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .alignment import Vocabulary, vocabulary
+from .calibration import measured_verify_cost, needs_measuring
 from .checks import (  # noqa: F401 -- the constants and the checks' old import path (plan.check_call, ...)
     ALGORITHMS,
     IMPLEMENTED,
@@ -58,7 +59,6 @@ from .checks import (  # noqa: F401 -- the constants and the checks' old import 
 from .drafter import model_device
 from .intersection import VocabularyIntersection, intersection_for, prefix_map_for
 from .proposer import DraftPolicy, HeterogeneousProposer, Proposer
-from .calibration import measured_verify_cost, needs_measuring
 from .packed_target import PreparedTarget, prepare_target
 from .runtime import PreparedDrafter, prepare_drafter, resolve_runtime
 from .schedule import (  # noqa: F401 -- re-exported: the schedule's old import path
