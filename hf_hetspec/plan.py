@@ -317,7 +317,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     prepared_target = prepare_target(target, args.target_runtime)
     target_verify_cost = verify_cost(model_device(target), target.dtype, prepared_target.runtime)
     if needs_measuring(target, prepared_target.runtime):  # a CPU target's own layers: no table knows its v
-        target_verify_cost = measured_verify_cost(target) or target_verify_cost
+        measured = measured_verify_cost(target)
+        target_verify_cost = target_verify_cost if measured is None else measured
 
     def schedule_for(runtime: str) -> Schedule:
         return args.schedule or choose_schedule(algorithm, drafter_runtime=runtime, verify_cost=target_verify_cost,

@@ -67,6 +67,18 @@ def test_time_forwards_runs_the_targets_forwards(toy_pair):
     assert sorted(seconds) == [1, *PROBE_WIDTHS] and all(0 < s < 10 for s in seconds.values())
 
 
+def test_the_plan_counts_a_measured_v_even_of_zero(toy_pair, fresh_cache, monkeypatch):
+    """A measured ``v`` of 0 (a wide forward no dearer than one token) is the plan's ``v``, not the table's."""
+    from hf_hetspec.plan import HetspecArguments, make_plan
+
+    monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
+    monkeypatch.setattr(calibration, "time_forwards", _forwards(0.0))
+    ids = toy_pair.target_tokenizer("the", return_tensors="pt").input_ids
+    call = {"inputs": ids, "assistant_model": toy_pair.drafter, "max_new_tokens": 4}
+    kwargs = {"tokenizer": toy_pair.target_tokenizer, "assistant_tokenizer": toy_pair.drafter_tokenizer}
+    assert make_plan(toy_pair.target, call, kwargs, HetspecArguments("slem")).verify_cost == 0.0
+
+
 def test_only_a_large_cpu_target_on_its_own_layers_is_measured(toy_pair, monkeypatch):
     assert not needs_measuring(toy_pair.target, "eager")  # a toy target: forwards are overheads
     monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
