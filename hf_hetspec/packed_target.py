@@ -38,6 +38,7 @@ per target while its weights do not change (:func:`prepare_target`, cached like 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -265,28 +266,29 @@ def prepare_target(target: torch.nn.Module, runtime: str = "auto") -> PreparedTa
         return PreparedTarget("eager", note=note)
     version = weights_version(target)
     cached = _PREPARED.get(target)
-    if cached is not None and cached[0] == version:
-        prepared = cached[1]
-        if not prepared.layers and runtime == "fp16-packed":
-            raise ValueError(f"hetspec_target='fp16-packed': {NOTHING_PACKED}; use hetspec_target='auto' or 'eager'.")
-        return PreparedTarget(prepared.runtime, prepared.layers, prepared.memory_bytes, 0.0, note or prepared.note,
-                              prepared.kept)
+    made = cached is None or cached[0] != version
+    if made:
+        cached = _PREPARED[target] = (version, _pack(target))
+    prepared = cached[1]
+    if not prepared.layers and runtime == "fp16-packed":
+        raise ValueError(f"hetspec_target='fp16-packed': {NOTHING_PACKED}; use hetspec_target='auto' or 'eager'.")
+    return dataclasses.replace(prepared, prepare_s=prepared.prepare_s if made else 0.0, note=note or prepared.note)
+
+
+def _pack(target: torch.nn.Module) -> PreparedTarget:
+    """The target's layers packed (:func:`pack_linear`, four threads): ``"fp16-packed"``, or ``"eager"`` with a
+    note where none packs (e.g. float32 weights trained in float32)."""
     status("packing the target's linear layers as fp16 (once per target) ...")
     start = time.perf_counter()
     linears = _linears(target)
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         packed = list(pool.map(pack_linear, linears))
     layers = {m: p for m, p in zip(linears, packed) if p is not None}
-    if not layers:  # e.g. float32 weights trained in float32: nothing to pack
-        if runtime == "fp16-packed":
-            raise ValueError(f"hetspec_target='fp16-packed': {NOTHING_PACKED}; use hetspec_target='auto' or 'eager'.")
-        prepared = PreparedTarget("eager", note=f"target's layers not packed: {NOTHING_PACKED}")
-        _PREPARED[target] = (version, prepared)
-        return prepared
+    if not layers:
+        return PreparedTarget("eager", note=f"target's layers not packed: {NOTHING_PACKED}")
     memory = sum(m.weight.numel() * 2 for m in layers)
-    prepared = PreparedTarget("fp16-packed", layers, memory, time.perf_counter() - start, note,
-                              len(linears) - len(layers))
-    _PREPARED[target] = (version, prepared)
+    prepared = PreparedTarget("fp16-packed", layers, memory, time.perf_counter() - start,
+                              kept=len(linears) - len(layers))
     status(f"the target's packed layers: {len(layers)} of {len(linears)} in {prepared.prepare_s:.1f} s, "
            f"{memory / 2**20:.0f} MiB")
     return prepared
