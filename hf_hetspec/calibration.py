@@ -21,6 +21,7 @@ fixed overheads, and timing them would only add noise.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -66,7 +67,7 @@ def needs_measuring(target: torch.nn.Module, runtime: str) -> bool:
 def machine_key(target: torch.nn.Module) -> str:
     """What ``v`` depends on: the CPU (its name and vector width), torch's threads and version, the target's
     class, parameter count and dtype, and how it is measured (hashed, 32 hex digits)."""
-    parts = [_cpu_name(), torch.backends.cpu.get_cpu_capability(), str(torch.get_num_threads()), torch.__version__,
+    parts = [cpu_name(), torch.backends.cpu.get_cpu_capability(), str(torch.get_num_threads()), torch.__version__,
              type(target).__name__, str(sum(p.numel() for p in target.parameters())), str(target.dtype),
              str(PROBE_WIDTHS), str(PROBE_CONTEXT)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
@@ -148,7 +149,9 @@ def _read(path) -> dict[str, float]:
     return {k: float(v) for k, v in stored.items() if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
 
 
-def _cpu_name() -> str:
+@functools.cache
+def cpu_name() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else what :mod:`platform` tells; read once per process."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import integration
+from ..calibration import cpu_name
 from ..compat import cache_from_kwargs, cache_kwargs, output_cache
 from ..drafter import model_device
 from ..schedule import cpu_has_half_instructions
@@ -101,14 +102,8 @@ def machine_info(device: str) -> dict:
     """CPU (or GPU), thread count and library versions, for the demo's header and JSON."""
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     info = {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         # the model name alone does not tell machine classes apart (two "AMD EPYC" CPUs measured here differ
         # 4x in bf16 speed): the vector instructions PyTorch uses and whether bf16 has instructions of its own
         "cpu_instructions": torch.backends.cpu.get_cpu_capability(),
