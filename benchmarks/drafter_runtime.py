@@ -13,6 +13,14 @@ ratio ``c`` = drafter step / target step per runtime. When torchao is installed 
 
 ``--two-threads RUNTIME`` also steps two drafter contexts of that runtime on two Python threads at once, against
 the same steps in turn: whether the rows of a batch could draft in parallel on a second core.
+
+On a GPU (``--device cuda``; every step is timed to a ``torch.cuda.synchronize()``), with the models given as
+folders (``benchmarks/gpu_check.sh`` passes stand-ins of the zoo pair) and ``--verify-widths``, it also times the
+target's forwards of 1, 2, 4, ... tokens (a verification of that many) and prints ``v``, the single-token
+forwards one more verified token adds (:data:`hf_hetspec.schedule.VERIFY_COSTS`); ``--json`` writes every median::
+
+    python benchmarks/drafter_runtime.py DRAFTER_DIR --target TARGET_DIR --device cuda \\
+        --runtimes compiled --verify-widths 1 2 4 8 16 --json costs.json
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import json
 import statistics
 import time
 
@@ -31,18 +40,26 @@ from hf_hetspec.drafter import rollback_cache
 from hf_hetspec.runtime import RUNTIMES, model_bytes, prepare_drafter
 
 
-def _step_timer(model, context: torch.Tensor):
-    """A function timing one one-token forward after ``context`` (the cache is rolled back after each)."""
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step_timer(model, context: torch.Tensor, width: int = 1):
+    """A function timing one forward of ``width`` tokens after ``context`` (the cache is rolled back after each),
+    in seconds, to the device's synchronization; ``width`` > 1 keeps every position's logits, as a verification."""
     cache = model.new_cache() if hasattr(model, "new_cache") else DynamicCache()
     with torch.no_grad():
         model(input_ids=context, use_cache=True, **cache_kwargs(model, cache))
     n = context.shape[1]
-    token = context[:, -1:]
+    tokens = context[:, -width:]
 
     def step() -> float:
         with torch.no_grad():
+            _synchronize(context.device)
             start = time.perf_counter()
-            model(input_ids=token, use_cache=True, logits_to_keep=1, **cache_kwargs(model, cache))
+            model(input_ids=tokens, use_cache=True, logits_to_keep=width, **cache_kwargs(model, cache))
+            _synchronize(context.device)
             seconds = time.perf_counter() - start
         rollback_cache(cache, n)
         return seconds
@@ -53,8 +70,13 @@ def _step_timer(model, context: torch.Tensor):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("drafter", help="zoo name of the drafter")
-    parser.add_argument("--target", default=None, help="zoo name of the target (bf16): prints c per runtime")
+    parser.add_argument("drafter", help="zoo name or folder of the drafter")
+    parser.add_argument("--target", default=None,
+                        help="zoo name or folder of the target (bf16): prints c per runtime")
+    parser.add_argument("--device", default="cpu", help="where the models run (default cpu; e.g. cuda)")
+    parser.add_argument("--verify-widths", nargs="+", type=int, default=None, metavar="K",
+                        help="also time the target's forwards of K tokens (needs --target) and print v")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the medians (seconds) there")
     parser.add_argument("--context", type=int, default=200, help="prefilled tokens (default 200)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per runtime (default 40)")
     parser.add_argument("--threads", type=int, default=1)
@@ -70,8 +92,9 @@ def main() -> None:
 
     from hf_hetspec.tools import zoo
 
-    drafter, _ = zoo.load(args.drafter, dtype=torch.bfloat16)
-    context = torch.randint(100, 1000, (1, args.context))
+    device = torch.device(args.device)
+    drafter, _ = zoo.load(args.drafter, dtype=torch.bfloat16, device=device)
+    context = torch.randint(100, 1000, (1, args.context), device=device)
     models, prepare = {"eager-bf16": drafter}, {"eager-bf16": 0.0}
     for runtime in RUNTIMES:
         if runtime in ("auto", "eager") or (args.runtimes and runtime not in args.runtimes):
@@ -82,7 +105,7 @@ def main() -> None:
             print(f"{runtime}: {err}")
             continue
         models[runtime], prepare[runtime] = prepared.model, prepared.prepare_s
-    if importlib.util.find_spec("torchao") is not None and not args.runtimes:
+    if importlib.util.find_spec("torchao") is not None and not args.runtimes and device.type == "cpu":
         from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
                                           quantize_)
 
@@ -93,13 +116,16 @@ def main() -> None:
             quantize_(models[name], config())
             prepare[name] = time.perf_counter() - start
     if args.target:
-        target, _ = zoo.load(args.target, dtype=torch.bfloat16)
+        target, _ = zoo.load(args.target, dtype=torch.bfloat16, device=device)
         models["target-bf16"], prepare["target-bf16"] = target, 0.0
 
     timers = {name: _step_timer(model, context) for name, model in models.items()}
+    widths = [k for k in args.verify_widths or () if k > 1] if args.target else []
+    for k in widths:
+        timers[f"target-bf16-{k}"] = _step_timer(models["target-bf16"], context, width=k)
     for timer in timers.values():  # warm-up
         timer()
-    times: dict[str, list[float]] = {name: [] for name in models}
+    times: dict[str, list[float]] = {name: [] for name in timers}
     for _ in range(args.steps):
         for name, timer in timers.items():
             times[name].append(timer())
@@ -110,13 +136,26 @@ def main() -> None:
           "interleaved; medians")
     print(f"{'runtime':<18} {'step ms':>8} {'vs eager':>9} {'memory MiB':>11} {'prepare s':>10}"
           + (f" {'c':>6}" if target_step else ""))
-    for name, samples in times.items():
-        median = statistics.median(samples)
+    for name in models:
+        median = statistics.median(times[name])
         memory = model_bytes(models[name]) / 2**20
         line = f"{name:<18} {1000 * median:8.1f} {eager / median:8.2f}x {memory:11.1f} {prepare[name]:10.2f}"
         if target_step:
             line += f" {median / target_step:6.3f}"
         print(line)
+    medians = {name: statistics.median(samples) for name, samples in times.items()}
+    if widths:
+        print(f"target forwards of k tokens after the context (a verification of k): ms, and v = (t_k / t_1 - 1) "
+              f"/ (k - 1)")
+        for k in widths:
+            t_k = medians[f"target-bf16-{k}"]
+            print(f"  k={k:<3} {1000 * t_k:8.2f} ms  v {(t_k / target_step - 1) / (k - 1):.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": str(device), "device_name": torch.cuda.get_device_name(device)
+                       if device.type == "cuda" else None, "context": args.context, "steps": args.steps,
+                       "median_seconds": medians, "prepare_seconds": prepare,
+                       "torch": torch.__version__}, f, indent=1)
     if args.two_threads in models:
         _two_threads(models[args.two_threads], context, args.steps)
     elif args.two_threads:
