@@ -47,6 +47,14 @@ COMPILED_POSITIONS = 4096
 #: when the step keeps them (:meth:`StaticCacheDrafter.keep_float_prefill`); shorter ones (one-token steps,
 #: re-tokenized tails of a few tokens) run the step's own, e.g. int8, projections.
 FLOAT_FEED_MIN = 16
+#: Per device type, the longest feed the compiled step runs as one-token steps, one after the other
+#: (:meth:`StaticCacheDecoder.hidden_states`); longer feeds run the eager step. On a GPU a step replayed as one
+#: CUDA graph costs what launching a few kernels costs, and an eager forward of the same drafter launches every
+#: kernel from Python whatever its tokens: on an H200 (2026-12-04, SmolLM2-135M in bf16, torch 2.11) one replayed
+#: step took 2.5 ms and an eager forward about 40 ms, so the drafter's catch-up on the tokens a round accepted
+#: (a few tokens, once per round) cost a round as much as the target's verification. On a CPU a step's cost is
+#: its weights' reading, paid again per token: feeds stay one forward there.
+STEPPED_FEED_MAX: dict[str, int] = {"cuda": 16}
 
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
@@ -190,20 +198,27 @@ class StaticCacheDecoder(torch.nn.Module):
     def hidden_states(self, input_ids: torch.LongTensor, cache: StaticKVCache) -> torch.Tensor:
         """The final norm's output (``(1, m, hidden)``) for ``input_ids`` (``(1, m)``) after the cache's positions;
         the cache is extended by ``m`` positions. One-token steps run the compiled step when one was made
-        (:meth:`compile_step`) in its own cache (:meth:`new_cache`), everything else this module's eager step."""
+        (:meth:`compile_step`) in its own cache (:meth:`new_cache`), and so do feeds of up to
+        :data:`STEPPED_FEED_MAX` tokens on its device, one token after the other; everything else runs this
+        module's eager step."""
         start, m = cache.length, input_ids.shape[1]
         cache.reserve(start + m)
-        if m == 1 and self.compiled_step is not None and cache is self._compiled_cache:
-            if input_ids.device.type == "cuda":  # the previous replay's outputs are no longer read
-                torch.compiler.cudagraph_mark_step_begin()
-            position = torch.tensor([start], device=input_ids.device)
-            # one stride for every one-token feed (a slice of a longer tensor would recompile the step)
-            token = input_ids.as_strided((1, 1), (1, 1))
-            hidden = self.compiled_step(token, position, cache.keys, cache.values).clone()
+        stepped = 1 if input_ids.device.type not in STEPPED_FEED_MAX else STEPPED_FEED_MAX[input_ids.device.type]
+        if m <= stepped and self.compiled_step is not None and cache is self._compiled_cache:
+            hidden = torch.cat([self._compiled(input_ids[:, j:j + 1], start + j, cache) for j in range(m)], dim=1)
         else:
             hidden = self._eager_step(input_ids, start, cache.keys, cache.values)
         cache.length = start + m
         return hidden
+
+    def _compiled(self, token: torch.LongTensor, position: int, cache: StaticKVCache) -> torch.Tensor:
+        """The compiled step's hidden state (``(1, 1, hidden)``, a copy) of ``token`` (``(1, 1)``) at ``position``."""
+        if token.device.type == "cuda":  # the previous replay's outputs are no longer read
+            torch.compiler.cudagraph_mark_step_begin()
+        # one stride for every one-token feed (a slice of a longer tensor would recompile the step)
+        token = token.as_strided((1, 1), (1, 1))
+        return self.compiled_step(token, torch.tensor([position], device=token.device), cache.keys,
+                                  cache.values).clone()
 
     def compile_step(self, mode: str | None, compile: bool = True) -> None:
         """Run one-token steps through ``torch.compile`` (``mode``: e.g. ``"reduce-overhead"`` for CUDA graphs,

@@ -52,19 +52,24 @@ def _reference(model, ids: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
 
 
-@pytest.mark.parametrize("one_token", ["eager", "fixed"])
+@pytest.mark.parametrize("one_token", ["eager", "fixed", "stepped"])
 @pytest.mark.parametrize("name,make", list(_models()), ids=[n for n, _ in _models()])
 def test_logits_equal_the_models_own_through_steps_rollbacks_and_growth(name, make, one_token, monkeypatch):
     """``one_token="fixed"``: one-token steps run the compiled runtime's fixed-shape step (uncompiled here, the
     same Python ``torch.compile`` traces), which attends over the whole allocation under a mask: positions
-    rolled back keep stale keys that the mask must hide."""
+    rolled back keep stale keys that the mask must hide. ``"stepped"``: every feed of the script runs as
+    one-token fixed steps, one after the other (what a GPU does with feeds up to ``STEPPED_FEED_MAX``)."""
     monkeypatch.setattr(static_drafter, "INITIAL_POSITIONS", 8)  # the cache grows twice below
     monkeypatch.setattr(static_drafter, "COMPILED_POSITIONS", 8)
     model = make()
     step, why = static_drafter.build(model, max_positions(model))
     assert step is not None, why
-    if one_token == "fixed":
-        step.get_decoder().compile_step(None, compile=False)
+    decoder, fixed_steps = step.get_decoder(), []
+    if one_token != "eager":
+        decoder.compile_step(None, compile=False)
+        decoder.compiled_step = lambda *args: fixed_steps.append(1) or decoder.fixed_step(*args)
+    if one_token == "stepped":
+        monkeypatch.setattr(static_drafter, "STEPPED_FEED_MAX", {"cpu": 16})
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (40,), generator=generator).tolist()
     cache = step.new_cache()
@@ -80,6 +85,8 @@ def test_logits_equal_the_models_own_through_steps_rollbacks_and_growth(name, ma
         if n_back:
             cache.crop(-n_back)
             del held[-n_back:]
+    fed = [n for n, _ in script]
+    assert len(fixed_steps) == {"eager": 0, "fixed": fed.count(1), "stepped": sum(fed)}[one_token]
 
 
 @pytest.mark.parametrize("name", OTHERS)
