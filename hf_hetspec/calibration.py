@@ -1,4 +1,5 @@
-"""The target's verification cost ``v`` measured on this machine, where a table cannot know it.
+"""The target's verification cost ``v`` and the drafter's cost ratio ``c`` measured on this machine, where a
+table cannot know them.
 
 ``v`` (:data:`hf_hetspec.schedule.VERIFY_COSTS`) is the target forwards one more verified draft token adds. On a
 GPU, or on a CPU with the dtype's own instructions, a forward of a few tokens reads the weights once and ``v`` is
@@ -16,6 +17,16 @@ parameter count and dtype. Every later call on that machine reads the stored val
 function of the accepted tokens, and a seeded call reproducible (a process that cannot write the file keeps the
 value in memory). Targets below :data:`MIN_MEASURED_PARAMETERS` keep the table's value: their forwards are
 fixed overheads, and timing them would only add noise.
+
+``c`` (:data:`hf_hetspec.schedule.COST_RATIOS`, drafter step / target step) is a table on a CPU, where both steps
+read their weights and the table's figures were measured. On a GPU both models' eager forwards are bound by
+launching their kernels from Python, not by their weights: on an H200 (2026-12-04, torch 2.11, bf16) an eager
+SmolLM2-135M step took 42.5 ms and an eager Qwen2.5-Coder-1.5B step 41.8 ms (``c`` 1.02, not the table's 0.165),
+while the compiled runtime's step, replayed as one CUDA graph, took 2.5 ms (0.060). With the table's 0.165 an
+eager drafter drafted there and a call ran 0.6x the target alone. So for a target of
+:data:`MIN_MEASURED_PARAMETERS` or more on any device but the CPU, :func:`measured_cost_ratio` times one-token
+steps of the target and of the drafter as it runs (its runtime's copy) after a :data:`PROBE_CONTEXT`-token
+prompt, once per machine, pair and runtime, stored beside ``v``.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import warnings
 import torch
 
 from .compat import cache_kwargs, output_cache
-from .drafter import model_device
+from .drafter import model_device, rollback_cache
 from .intersection import cache_root
 from .status import status
 
@@ -50,7 +61,10 @@ PROBE_CONTEXT = 32
 #: Timed forwards of each width (the prompt's forward warms the product up); the fastest counts.
 REPEATS = 2
 
-#: File under :func:`hf_hetspec.intersection.cache_root` holding the measured values.
+#: Timed one-token steps of each model for ``c`` (:func:`time_steps`); the fastest counts.
+STEP_REPEATS = 5
+
+#: File under :func:`hf_hetspec.intersection.cache_root` holding the measured values (``v`` and ``c``).
 CACHE_FILE = "verify_costs.json"
 
 _MEMORY: dict[str, float] = {}
@@ -86,7 +100,68 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
         the largest ``(seconds[w] / seconds[1] - 1) / (w - 1)`` over the widths ``w``, at least 0, rounded to
         two decimals.
     """
-    key = machine_key(target)
+    def compute() -> tuple[float, str]:
+        seconds = (measure or time_forwards)(target)
+        v = round(max(0.0, *((seconds[w] / seconds[1] - 1.0) / (w - 1) for w in PROBE_WIDTHS)), 2)
+        timings = ", ".join(f"{w}: {seconds[w] * 1e3:.0f}" for w in (1, *PROBE_WIDTHS))
+        return v, f"the target's forwards (tokens: ms) {timings}: v = {v:g}"
+
+    return _remembered(machine_key(target), compute, "the target's cost per verified token",
+                       "the target's forwards", "the verify cost of its class (hf_hetspec.schedule.VERIFY_COSTS)")
+
+
+def needs_measured_cost_ratio(target: torch.nn.Module) -> bool:
+    """Whether a call with ``target`` gets a measured ``c`` (module docstring): a target on any device but the CPU,
+    with at least :data:`MIN_MEASURED_PARAMETERS` parameters."""
+    if model_device(target).type == "cpu":
+        return False
+    return sum(p.numel() for p in target.parameters()) >= MIN_MEASURED_PARAMETERS
+
+
+def pair_key(target: torch.nn.Module, drafter: torch.nn.Module, runtime: str) -> str:
+    """What ``c`` depends on: the device (its name), torch's version, each model's class, parameter count and
+    dtype, the drafter's runtime, and how it is measured (hashed, 32 hex digits)."""
+    device = model_device(target)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    parts = ["c", name, torch.__version__, runtime, str(PROBE_CONTEXT), str(STEP_REPEATS)]
+    for model in (target, drafter):
+        parameters = list(model.parameters())
+        parts += [type(model).__name__, str(sum(p.numel() for p in parameters)),
+                  str(parameters[0].dtype if parameters else None)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def measured_cost_ratio(target: torch.nn.Module, drafter: torch.nn.Module, runtime: str,
+                        measure=None) -> float | None:
+    """``c`` of ``drafter`` (as it runs: the runtime's copy) against ``target`` on this device, measured once per
+    machine, pair and runtime and stored (module docstring); ``None`` when timing fails (the caller keeps the
+    table's value; a warning says why).
+
+    Args:
+        target: the target, on a device other than the CPU.
+        drafter: the model that drafts (:attr:`hf_hetspec.runtime.PreparedDrafter.model`), on its device.
+        runtime: its runtime (:data:`hf_hetspec.runtime.RUNTIMES`), part of the key.
+        measure: ``measure(target, drafter) -> (target seconds, drafter seconds)`` of one one-token step each
+            (default :func:`time_steps`); tests pass their own.
+
+    Returns:
+        drafter seconds / target seconds, rounded to three decimals.
+    """
+    def compute() -> tuple[float, str]:
+        target_s, drafter_s = (measure or time_steps)(target, drafter)
+        c = round(drafter_s / target_s, 3)
+        return c, (f"one-token steps: target {target_s * 1e3:.1f} ms, drafter ({runtime}) {drafter_s * 1e3:.1f} "
+                   f"ms: c = {c:g}")
+
+    return _remembered(pair_key(target, drafter, runtime), compute,
+                       "the drafter's cost per step against the target's", "the models' steps",
+                       "the cost ratio of its runtime (hf_hetspec.schedule.COST_RATIOS)")
+
+
+def _remembered(key: str, compute, what: str, timed: str, fallback: str) -> float | None:
+    """The value stored under ``key`` (this process's memory, else :data:`CACHE_FILE`), else ``compute()``'s
+    ``(value, line)``, announced and stored; ``None`` (with a warning naming ``timed`` and ``fallback``) when
+    ``compute`` raises."""
     if key in _MEMORY:
         return _MEMORY[key]
     path = cache_root() / CACHE_FILE
@@ -94,18 +169,15 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
     if key in stored:
         _MEMORY[key] = stored[key]
         return stored[key]
-    status("measuring the target's cost per verified token on this machine (once) ...")
+    status(f"measuring {what} on this machine (once) ...")
     try:
-        seconds = (measure or time_forwards)(target)
+        value, line = compute()
     except Exception as err:  # an unusual forward: the table's value stands
-        warnings.warn(f"hf_hetspec could not time the target's forwards ({type(err).__name__}: {err}); it counts "
-                      "the verify cost of its class (hf_hetspec.schedule.VERIFY_COSTS)")
+        warnings.warn(f"hf_hetspec could not time {timed} ({type(err).__name__}: {err}); it counts {fallback}")
         return None
-    v = round(max(0.0, *((seconds[w] / seconds[1] - 1.0) / (w - 1) for w in PROBE_WIDTHS)), 2)
-    timings = ", ".join(f"{w}: {seconds[w] * 1e3:.0f}" for w in (1, *PROBE_WIDTHS))
-    status(f"the target's forwards (tokens: ms) {timings}: v = {v:g} (stored in {path})")
-    _MEMORY[key] = v
-    stored[key] = v
+    status(f"{line} (stored in {path})")
+    _MEMORY[key] = value
+    stored[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -113,7 +185,7 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
         tmp.replace(path)
     except OSError:
         pass  # a read-only cache: this process keeps the value, the next one measures again
-    return v
+    return value
 
 
 def time_forwards(target: torch.nn.Module) -> dict[int, float]:
@@ -137,6 +209,40 @@ def time_forwards(target: torch.nn.Module) -> dict[int, float]:
             return best
 
         return {tokens: fastest(tokens) for tokens in (1, *PROBE_WIDTHS)}
+
+
+def time_steps(target: torch.nn.Module, drafter: torch.nn.Module) -> tuple[float, float]:
+    """``(target seconds, drafter seconds)``: the fastest of :data:`STEP_REPEATS` one-token steps of each model
+    after the same :data:`PROBE_CONTEXT` pseudo-random tokens in its cache (the drafter's own cache where its
+    runtime keeps one, e.g. the compiled step's), each timed to the device's synchronization."""
+    def fastest(model: torch.nn.Module) -> float:
+        device = model_device(model)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        ids = torch.randint(vocab, (1, PROBE_CONTEXT + 1), generator=torch.Generator().manual_seed(0)).to(device)
+        cache = model.new_cache() if hasattr(model, "new_cache") else None
+        with torch.inference_mode():
+            out = model(ids[:, :PROBE_CONTEXT], use_cache=True,
+                        **(cache_kwargs(model, cache) if cache is not None else {}))
+            cache = output_cache(out) if cache is None else cache
+            best = math.inf
+            for _ in range(STEP_REPEATS):
+                _synchronize(device)
+                start = time.perf_counter()
+                model(ids[:, PROBE_CONTEXT:], use_cache=True, logits_to_keep=1, **cache_kwargs(model, cache))
+                _synchronize(device)
+                best = min(best, time.perf_counter() - start)
+                rollback_cache(cache, PROBE_CONTEXT)
+        return best
+
+    return fastest(target), fastest(drafter)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a GPU's kernels run after the Python call returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu" and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)
 
 
 def _read(path) -> dict[str, float]:

@@ -39,7 +39,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .alignment import Vocabulary, vocabulary
-from .calibration import measured_verify_cost, needs_measuring
+from .calibration import measured_cost_ratio, measured_verify_cost, needs_measured_cost_ratio, needs_measuring
 from .checks import (  # noqa: F401 -- the constants and the checks' old import path (plan.check_call, ...)
     ALGORITHMS,
     IMPLEMENTED,
@@ -122,6 +122,9 @@ class DecodingPlan:
         drafter_prompt: ``assistant_input_ids`` as drafter ids, else ``None``.
         verification: ``hetspec_verification``, one of ``VERIFICATIONS`` (:func:`check_verification`).
         verify_cost: ``v`` of the target as it computes (:func:`~hf_hetspec.schedule.verify_cost`).
+        cost_ratio: ``c`` of the drafter as it runs, measured on this device
+            (:func:`~hf_hetspec.calibration.measured_cost_ratio`: a large target off the CPU), else ``None``: the
+            table's value for its runtime (:data:`~hf_hetspec.schedule.COST_RATIOS`).
         target: the target's runtime in this call (:func:`~hf_hetspec.packed_target.prepare_target`): its
             layers as they are, or packed as fp16 on a CPU without bf16 instructions.
     """
@@ -143,6 +146,7 @@ class DecodingPlan:
     drafter_prompt: tuple[int, ...] | None = None
     verification: str = "token"
     verify_cost: float = VERIFY_COST
+    cost_ratio: float | None = None
     target: PreparedTarget = field(default_factory=lambda: PreparedTarget("eager"))
 
     @property
@@ -333,6 +337,9 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
     prepared = prepare_drafter(drafter, args.drafter_runtime, drafts=drafts)
     schedule = schedule_for(prepared.runtime)
+    # off the CPU both models' eager steps are launch-bound: no table knows c there (hf_hetspec.calibration)
+    measured_c = (measured_cost_ratio(target, prepared.model, prepared.runtime)
+                  if drafts and needs_measured_cost_ratio(target) else None)
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     if args.verification == "block" and draft_temperature == 0:  # block verification needs drafts with a q
         draft_temperature = float(config.temperature or 1.0)
@@ -360,6 +367,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         drafter_prompt=drafter_prompt,
         verification=args.verification,
         verify_cost=target_verify_cost,
+        cost_ratio=measured_c,
         target=prepared_target,
     )
 
@@ -422,9 +430,11 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
 
 def _with_sources(plan: DecodingPlan, proposer, input_ids, generation_config, stats) -> Proposer:
     """``proposer`` with the schedule's context lookup and back-off (:func:`hf_hetspec.sources.with_sources`),
-    counting the drafter's steps at the cost ratio of the runtime that really runs."""
+    counting the drafter's steps at the cost ratio of the runtime that really runs (the schedule's, else the one
+    measured on this device, else its runtime's table value)."""
     schedule = plan.schedule
-    cost_ratio = schedule.cost_ratio if schedule.cost_ratio is not None else COST_RATIOS[plan.drafter.runtime]
+    cost_ratio = next(c for c in (schedule.cost_ratio, plan.cost_ratio, COST_RATIOS[plan.drafter.runtime])
+                      if c is not None)
     v = schedule.verify_cost if schedule.verify_cost is not None else plan.verify_cost
     return with_sources(proposer, input_ids, cost_ratio=cost_ratio, verify_cost=v,
                         lookup=schedule.context_lookup, back_off=schedule.back_off,

@@ -1,5 +1,6 @@
-"""The target's verify cost measured on this machine (hf_hetspec/calibration.py): measured once and stored per
-machine, and a call whose verification is dear draws no drafts while its output stays the target's own."""
+"""The target's verify cost and the drafter's cost ratio measured on this machine (hf_hetspec/calibration.py):
+measured once and stored per machine (and pair), and a call whose verification or drafter step is dear draws no
+drafts while its output stays the target's own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import torch
 
 import hf_hetspec
 from hf_hetspec import calibration
-from hf_hetspec.calibration import PROBE_WIDTHS, machine_key, measured_verify_cost, needs_measuring
+from hf_hetspec.calibration import (
+    PROBE_WIDTHS,
+    machine_key,
+    measured_cost_ratio,
+    measured_verify_cost,
+    needs_measured_cost_ratio,
+    needs_measuring,
+    pair_key,
+)
 from hf_hetspec.testing.greedy import compare_greedy
 
 
@@ -120,3 +129,60 @@ def test_a_call_whose_verification_is_dear_draws_no_drafts(toy_pair, fresh_cache
     out, stats = _generate(toy_pair, ids)
     assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
     assert stats.drafted_tokens > 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# c off the CPU
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_c_is_measured_once_per_pair_and_runtime_and_stored(toy_pair, fresh_cache, monkeypatch):
+    target, drafter = toy_pair.target, toy_pair.drafter
+    assert measured_cost_ratio(target, drafter, "eager", lambda t, d: (0.0418, 0.0425)) == 1.017
+    stored = json.loads((fresh_cache / calibration.CACHE_FILE).read_text())
+    assert stored == {pair_key(target, drafter, "eager"): 1.017}
+
+    def not_again(t, d):
+        raise AssertionError("measured twice")
+
+    monkeypatch.setattr(calibration, "_MEMORY", {})
+    assert measured_cost_ratio(target, drafter, "eager", not_again) == 1.017  # a new process reads the file
+    assert measured_cost_ratio(target, drafter, "compiled", lambda t, d: (0.0418, 0.0025)) == 0.06  # another runtime
+    other = copy.deepcopy(drafter).double()  # another drafter
+    with pytest.warns(UserWarning, match="could not time the models' steps .RuntimeError: no graph"):
+        assert measured_cost_ratio(target, other, "eager", lambda t, d: (_ for _ in ()).throw(RuntimeError("no graph"))) is None
+
+
+def test_time_steps_runs_each_models_step_in_its_own_cache(toy_pair):
+    """The drafter as it runs: the user's model (a transformers cache) or a runtime's copy with a cache of its own
+    (hf_hetspec's step)."""
+    from hf_hetspec.runtime import prepare_drafter
+
+    for drafter in (toy_pair.drafter, prepare_drafter(copy.deepcopy(toy_pair.drafter), "int8-static").model):
+        target_s, drafter_s = calibration.time_steps(toy_pair.target, drafter)
+        assert 0 < target_s < 10 and 0 < drafter_s < 10
+
+
+def test_only_a_large_target_off_the_cpu_gets_a_measured_c(toy_pair, monkeypatch):
+    assert not needs_measured_cost_ratio(toy_pair.target)  # the CPU: the table's c
+    monkeypatch.setattr(calibration, "model_device", lambda model: torch.device("cuda", 0))
+    assert not needs_measured_cost_ratio(toy_pair.target)  # a toy target: its steps are overheads
+    monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
+    assert needs_measured_cost_ratio(toy_pair.target)
+
+
+@pytest.mark.parametrize("drafter_s, drafts", [(0.0425, False), (0.0025, True)])
+def test_a_call_whose_drafter_step_costs_a_target_step_draws_no_drafts(toy_pair, fresh_cache, monkeypatch,
+                                                                        drafter_s, drafts):
+    """The toy target counted as a large target on a GPU: an eager drafter whose step costs what the target's does
+    (H200: 42.5 ms against 41.8 ms) cannot pay for a draft, and the call decodes alone, the target's own output,
+    where the table's eager c (0.165) drafted; a step of 2.5 ms (the compiled runtime there) drafts."""
+    import hf_hetspec.plan
+
+    monkeypatch.setattr(hf_hetspec.plan, "needs_measured_cost_ratio", lambda target: True)
+    monkeypatch.setattr(calibration, "time_steps", lambda target, drafter: (0.0418, drafter_s))
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=24, do_sample=False)
+    out, stats = _generate(toy_pair, ids, hetspec_drafter="eager")
+    assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
+    assert (stats.drafted_tokens > 0) == drafts and (stats.drafter_forwards > 0) == drafts
