@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu_check.sh --dry-run   # print the steps, run nothing that needs a GPU
 #   GPU_CHECK_DEVICE=cpu GPU_CHECK_STANDIN=1 PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
 #                                            # rehearsal on a CPU: every step, stand-ins, on the CPU
+#   GPU_CHECK_SKIP="costs" bash benchmarks/gpu_check.sh   # a second run: without the step costs (86 s)
 #
 # --prepare copies into .gpu_check/ (in .gitignore; pass it to the device tool as `carry`) the few
 # files a machine without internet cannot fetch: the Spec-Bench dev prompts, the zoo pair's configs and
@@ -125,9 +126,9 @@ tag=$([[ "${MODEL[${PAIR[0]}]}" == "${PAIR[0]}" && "${MODEL[${PAIR[1]}]}" == "${
 
 # 3. Step costs on the GPU, bf16: the target's forwards of 1, 2, 4, 8, 16 tokens after a 200-token context (v)
 #    and the drafter's one-token step eager, float32 and compiled (c), interleaved medians -> $OUT/costs.json.
-step 150 "step costs ($tag)" "$PY" benchmarks/drafter_runtime.py "${MODEL[${PAIR[1]}]}" \
-    --target "${MODEL[${PAIR[0]}]}" --device "$DEVICE" --runtimes float32 compiled --verify-widths 1 2 4 8 16 \
-    --steps 30 --json "$OUT/costs.json" || true
+[[ " ${GPU_CHECK_SKIP:-} " == *" costs "* ]] || step 150 "step costs ($tag)" "$PY" benchmarks/drafter_runtime.py \
+    "${MODEL[${PAIR[1]}]}" --target "${MODEL[${PAIR[0]}]}" --device "$DEVICE" --runtimes float32 compiled \
+    --verify-widths 1 2 4 8 16 --steps 30 --json "$OUT/costs.json" || true
 
 # 4. The CUDA tests: tests/test_cuda.py (greedy identity of SLEM, TLI and SLRS with the drafter eager and
 #    compiled, sampling chi-square with the compiled drafter, a broken verifier rejected, all on the GPU), the
