@@ -21,7 +21,9 @@ prepared once and cached while the drafter lives; the user's drafter is never ch
 * ``"compiled"``: hf_hetspec's own step (same layouts as ``"int8-static"``) with the drafter's weights as they
   are (float32 on the CPU), its one-token step compiled by ``torch.compile`` over a KV cache of fixed size and
   fixed address (:meth:`~hf_hetspec.static_drafter.StaticCacheDecoder.fixed_step`); on CUDA with CUDA graphs
-  (``mode="reduce-overhead"``, :data:`COMPILE_MODES`), which replay a whole step as one launch. Compiling takes
+  (``mode="reduce-overhead"``, :data:`COMPILE_MODES`), which replay a whole step as one launch (an H200: 2.0-2.5 ms
+  per SmolLM2-135M step against 42.5 ms eager), and run feeds of a few tokens as replayed steps too
+  (:data:`~hf_hetspec.static_drafter.STEPPED_FEED_MAX`). Compiling takes
   tens of seconds, paid once per drafter and process when the copy is made (a status line says so; inductor
   keeps its compiled kernels on disk, so a later process mostly re-traces). Only one decoding at a time may
   use a compiled drafter (its cache is shared by the calls).

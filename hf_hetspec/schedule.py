@@ -153,7 +153,9 @@ def cpu_has_half_instructions(dtype) -> bool:
 #: Qwen2.5-Coder-1.5B target, one CPU thread (``hf-hetspec bench`` measures it as ``cost_ratio``: 0.165 eager,
 #: 0.06-0.08 int8, 0.056 int8-static). A fixed table rather than the call's clock keeps the source policy
 #: (:mod:`hf_hetspec.sources`) a function of the accepted tokens, so a seeded call is reproducible;
-#: ``Schedule(cost_ratio=...)`` sets the figure measured on other hardware.
+#: ``Schedule(cost_ratio=...)`` sets the figure measured on other hardware. Off the CPU a large target's call uses
+#: ``c`` measured once on the device instead (:func:`hf_hetspec.calibration.measured_cost_ratio`; an H200: eager
+#: 1.0-1.4, compiled 0.060-0.072).
 COST_RATIOS: dict[str, float] = {"eager": 0.165, "float32": 0.165, "int8": 0.07, "int8-static": 0.056,
                                  "compiled": 0.056}
 
