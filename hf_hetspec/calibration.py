@@ -27,6 +27,11 @@ eager drafter drafted there and a call ran 0.6x the target alone. So for a targe
 :data:`MIN_MEASURED_PARAMETERS` or more on any device but the CPU, :func:`measured_cost_ratio` times one-token
 steps of the target and of the drafter as it runs (its runtime's copy) after a :data:`PROBE_CONTEXT`-token
 prompt, once per machine, pair and runtime, stored beside ``v``.
+
+Ranks of a process group (``torch.distributed`` initialized with more than one process: a tensor-parallel target)
+keep the tables' values: each rank would time its own forwards, and ranks whose measured values differed would
+choose different drafts and run forwards of different widths, which the collectives of a sharded forward cannot
+survive. ``Schedule(cost_ratio=..., verify_cost=...)`` gives them measured figures.
 """
 
 from __future__ import annotations
@@ -72,8 +77,9 @@ _MEMORY: dict[str, float] = {}
 
 def needs_measuring(target: torch.nn.Module, runtime: str) -> bool:
     """Whether ``target`` running ``runtime`` (``"eager"`` or ``"fp16-packed"``) gets a measured ``v``: its own
-    layers on a CPU, with at least :data:`MIN_MEASURED_PARAMETERS` parameters."""
-    if runtime != "eager" or model_device(target).type != "cpu":
+    layers on a CPU, with at least :data:`MIN_MEASURED_PARAMETERS` parameters, outside a process group of several
+    ranks."""
+    if runtime != "eager" or model_device(target).type != "cpu" or _in_process_group():
         return False
     return sum(p.numel() for p in target.parameters()) >= MIN_MEASURED_PARAMETERS
 
@@ -112,10 +118,16 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
 
 def needs_measured_cost_ratio(target: torch.nn.Module) -> bool:
     """Whether a call with ``target`` gets a measured ``c`` (module docstring): a target on any device but the CPU,
-    with at least :data:`MIN_MEASURED_PARAMETERS` parameters."""
-    if model_device(target).type == "cpu":
+    with at least :data:`MIN_MEASURED_PARAMETERS` parameters, outside a process group of several ranks."""
+    if model_device(target).type == "cpu" or _in_process_group():
         return False
     return sum(p.numel() for p in target.parameters()) >= MIN_MEASURED_PARAMETERS
+
+
+def _in_process_group() -> bool:
+    """Whether this process is one rank of several (module docstring: ranks keep the tables' values)."""
+    distributed = torch.distributed
+    return distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1
 
 
 def pair_key(target: torch.nn.Module, drafter: torch.nn.Module, runtime: str) -> str:

@@ -171,6 +171,19 @@ def test_only_a_large_target_off_the_cpu_gets_a_measured_c(toy_pair, monkeypatch
     assert needs_measured_cost_ratio(toy_pair.target)
 
 
+def test_ranks_of_a_process_group_keep_the_tables_values(toy_pair, monkeypatch):
+    """Ranks timing their own forwards could disagree and draft differently, which a sharded forward's collectives
+    cannot survive: in a group of several processes neither v nor c is measured."""
+    monkeypatch.setattr(calibration, "MIN_MEASURED_PARAMETERS", 0)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    assert not needs_measuring(toy_pair.target, "eager")
+    monkeypatch.setattr(calibration, "model_device", lambda model: torch.device("cuda", 0))
+    assert not needs_measured_cost_ratio(toy_pair.target)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 1)
+    assert needs_measured_cost_ratio(toy_pair.target)
+
+
 @pytest.mark.parametrize("drafter_s, drafts", [(0.0425, False), (0.0025, True)])
 def test_a_call_whose_drafter_step_costs_a_target_step_draws_no_drafts(toy_pair, fresh_cache, monkeypatch,
                                                                         drafter_s, drafts):
