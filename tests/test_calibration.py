@@ -199,3 +199,28 @@ def test_a_call_whose_drafter_step_costs_a_target_step_draws_no_drafts(toy_pair,
     out, stats = _generate(toy_pair, ids, hetspec_drafter="eager")
     assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
     assert (stats.drafted_tokens > 0) == drafts and (stats.drafter_forwards > 0) == drafts
+
+
+@pytest.mark.parametrize("runtime", ["int8-static", "compiled"])
+def test_timing_the_steps_leaves_the_drafters_cache_fit_for_the_decoding(toy_pair, fresh_cache, monkeypatch,
+                                                                         runtime):
+    """The measurement steps the drafter as it runs, in the cache its runtime keeps (the compiled step's one
+    cache, which the decoding then reuses): the decoding that follows still returns the target's own output.
+    The timings are real; the value handed on is made small so that the call drafts."""
+    import hf_hetspec.plan
+
+    timed, time_steps = [], calibration.time_steps
+
+    def real_steps_small_c(target, drafter):
+        timed.append(time_steps(target, drafter))
+        return 1.0, 0.01
+
+    monkeypatch.setattr(hf_hetspec.plan, "needs_measured_cost_ratio", lambda target: True)
+    monkeypatch.setattr(calibration, "time_steps", real_steps_small_c)
+    pair = copy.copy(toy_pair)
+    pair.drafter = copy.deepcopy(toy_pair.drafter)  # its own runtime copy, made for this test
+    ids = pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    plain = type(pair.target).generate(pair.target, ids, max_new_tokens=24, do_sample=False)
+    out, stats = _generate(pair, ids, hetspec_drafter=runtime)
+    assert len(timed) == 1 and stats.drafter_runtime == runtime and stats.drafted_tokens > 0
+    assert compare_greedy(pair.target, ids, plain, out).verdict == "identical"

@@ -10,6 +10,8 @@ verification on the GPU, the drafter's ``"compiled"`` runtime as it runs on CUDA
 * Sampling: each algorithm with the compiled drafter against the target's exact distribution of its first two
   tokens (chi-square, :mod:`hf_hetspec.testing`), and a verifier broken to accept every draft unchecked is
   rejected on the same device (the test has power there).
+* The plan's measured ``c`` (:mod:`hf_hetspec.calibration`) timed on the device, the compiled drafter's cache
+  then reused by a greedy call that is still the target's own.
 
 ``HF_HETSPEC_TEST_GPU=cpu`` runs the module on the CPU (to check the tests themselves where no GPU is).
 """
@@ -96,3 +98,22 @@ def test_a_verifier_that_accepts_every_draft_is_rejected(gpu_pair, monkeypatch):
     monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
     report, _ = _report(gpu_pair, "slem", n=200)
     assert not report.passed and report.p_value < REJECT, str(report)
+
+
+def test_c_measured_on_the_device_then_decoding_gives_the_targets_own(gpu_pair, tmp_path, monkeypatch):
+    """The plan's measurement of ``c`` (hf_hetspec.calibration: one-token steps of both models, the compiled
+    drafter in the one cache its decodings reuse), counted for the toy target as if it were large: the value is
+    real, and the greedy call after it is still the target's own."""
+    import hf_hetspec.plan
+    from hf_hetspec import calibration
+
+    monkeypatch.setenv("HF_HETSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(calibration, "_MEMORY", {})
+    monkeypatch.setattr(hf_hetspec.plan, "needs_measured_cost_ratio", lambda target: True)
+    ids = _ids(gpu_pair, gpu_pair.prompts[0])
+    hf_hetspec.disable(gpu_pair.target)
+    reference = gpu_pair.target.generate(ids, do_sample=False, max_new_tokens=24)
+    out = hetspec_generate(gpu_pair, ids, "slem", do_sample=False, max_new_tokens=24, hetspec_drafter="compiled")
+    assert out.tolist() == reference.tolist()
+    measured = list(calibration._MEMORY.values())
+    assert len(measured) == 1 and 0 < measured[0] < 100, measured
