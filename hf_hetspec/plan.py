@@ -125,6 +125,7 @@ class DecodingPlan:
         cost_ratio: ``c`` of the drafter as it runs, measured on this device
             (:func:`~hf_hetspec.calibration.measured_cost_ratio`: a large target off the CPU), else ``None``: the
             table's value for its runtime (:data:`~hf_hetspec.schedule.COST_RATIOS`).
+        drafts_note: why the call draws no drafts where a measured ``c`` rules them out (empty otherwise).
         target: the target's runtime in this call (:func:`~hf_hetspec.packed_target.prepare_target`): its
             layers as they are, or packed as fp16 on a CPU without bf16 instructions.
     """
@@ -147,12 +148,14 @@ class DecodingPlan:
     verification: str = "token"
     verify_cost: float = VERIFY_COST
     cost_ratio: float | None = None
+    drafts_note: str = ""
     target: PreparedTarget = field(default_factory=lambda: PreparedTarget("eager"))
 
     @property
     def note(self) -> str:
         """The line :class:`~hf_hetspec.stats.DecodingStats` shows about the pair (empty for most pairs)."""
-        return f"identical vocabularies: standard speculative decoding ({self.algorithm})" if self.identical else ""
+        pair = f"identical vocabularies: standard speculative decoding ({self.algorithm})" if self.identical else ""
+        return "; ".join(filter(None, (pair, self.drafts_note)))
 
 
 @dataclass(frozen=True)
@@ -340,6 +343,14 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     # off the CPU both models' eager steps are launch-bound: no table knows c there (hf_hetspec.calibration)
     measured_c = (measured_cost_ratio(target, prepared.model, prepared.runtime)
                   if drafts and needs_measured_cost_ratio(target) else None)
+    drafts_note = ""
+    if measured_c is not None and schedule.cost_ratio is None and never_drafts(
+            schedule.back_off, schedule.verify_cost if schedule.verify_cost is not None else target_verify_cost,
+            measured_c):
+        drafts_note = (f"no drafts: a drafter step ({prepared.runtime}) costs {measured_c:.2f} target steps on this "
+                       "device (measured), so no draft can pay"
+                       + ("; hetspec_drafter='compiled' replays the step as one CUDA graph (needs Triton)"
+                          if prepared.runtime != "compiled" and model_device(target).type == "cuda" else ""))
     draft_temperature = choose_draft_temperature(args.draft_temperature, algorithm, bool(config.do_sample), identical)
     if args.verification == "block" and draft_temperature == 0:  # block verification needs drafts with a q
         draft_temperature = float(config.temperature or 1.0)
@@ -368,6 +379,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
         verification=args.verification,
         verify_cost=target_verify_cost,
         cost_ratio=measured_c,
+        drafts_note=drafts_note,
         target=prepared_target,
     )
 
