@@ -255,10 +255,28 @@ def decoding_runs(temperatures: list[float], seeds: list[int]) -> list[tuple[flo
     return [(t, s) for t in temperatures for s in (seeds[:1] if t == 0 else seeds)]
 
 
+def prompt_warm_up(device, runner):
+    """The untimed call before each prompt's timed ones (:func:`collect_records`' ``warm_up``; ``device``: a
+    ``torch.device`` or its name, ``runner``: a :class:`~hf_hetspec.tools.runner.Runner`): on a GPU, the
+    target alone decodes the prompt once, so that the first timed method does not pay alone for what a GPU does
+    once per new shape; ``None`` elsewhere.
+
+    On an H200 (2026-12-04, torch 2.11, eager bf16 target; benchmarks/results/gpu-h200-standin-2026-12-04) the
+    first call on each prompt, the target alone's greedy one, ran 2.3-4x slower per token (67-107 ms) than every
+    later call on the same prompt (24-40 ms), except on a prompt whose lengths (41 tokens + 64) the previous prompt
+    (40 + 64) had just covered: consistent with work done once per attention shape (e.g. an attention backend's
+    plan per sequence length). It made greedy speedups there meaningless (3.03x for a call that drew no drafts).
+    A CPU pays nothing of the kind, and a warm-up there would cost a whole target decoding per prompt.
+    """
+    if torch.device(device).type != "cuda":
+        return None
+    return lambda ids: runner.run("target", ids)
+
+
 def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int], object],
                     specs: list[MethodSpec], sweep: list[MethodSpec], target_tokenizer, chat_template: bool,
                     advance=None, load=load_average, threads: int | None = None, reference_step=None,
-                    left_out: list[str] | None = None) -> list[dict]:
+                    left_out: list[str] | None = None, warm_up=None) -> list[dict]:
     """Run every method on every prompt, turn, temperature and seed; one record per call, with the 1-minute
     load average read before and after the call (``load_before``, ``load_after``), whether that makes the
     call ``contended`` (:func:`contended`) and the reference step timed before its prompt
@@ -277,6 +295,8 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
             reference step, ``reference_step_s`` is ``None``).
         left_out: receives the reason of each method left out of the run, with its records, because it failed
             inside transformers (:class:`~hf_hetspec.tools.runner.BaselineFailed`).
+        warm_up: called with each turn's ids (``(1, n)``) before its first timed call, untimed (``None``: no
+            warm-up; :func:`prompt_warm_up`).
     """
     threads = torch.get_num_threads() if threads is None else threads
     active = Methods(list(specs))
@@ -288,6 +308,8 @@ def collect_records(prompts: list[BenchPrompt], runners: dict[tuple[float, int],
             for turn, message in enumerate(prompt.turns, 1):
                 messages.append({"role": "user", "content": message})
                 ids = chat_ids(target_tokenizer, messages, chat_template and prompt.chat)
+                if warm_up is not None:
+                    warm_up(ids)
                 reference = None
                 for spec in active.names + sweep:  # specs[0], the target alone, first
                     if advance is not None:
@@ -685,7 +707,7 @@ def cmd_bench(args) -> int:
         left_out = methods.failures
         records = collect_records(prompts, runners, methods.names, sweep, target_tok, chat, advance,
                                   reference_step=lambda: step_seconds(target, reference_ids, repeats=3),
-                                  left_out=left_out)
+                                  left_out=left_out, warm_up=prompt_warm_up(device, greedy))
         calls.done()
 
     result = {

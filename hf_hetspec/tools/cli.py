@@ -284,9 +284,12 @@ def cmd_demo(args) -> int:
 
     runs: dict[str, list[MethodRun]] = {m: [] for m in methods.names}
     records = []
+    warm_up = bench.prompt_warm_up(device, runner)  # a GPU: each prompt once, untimed
     with Steps(err, total=len(prompts) * len(methods.names)) as steps:
         for prompt in prompts:
             ids = prompt_ids(target_tok, prompt.message, chat_template=True)
+            if warm_up is not None:
+                warm_up(ids)
             by_method = {}
             for method in list(methods.names):
                 steps.start(f"{prompt.prompt_id}: {method_label(method, '')}")

@@ -361,3 +361,19 @@ def test_suite_run_on_tiny_models(models, spec_bench_file, tmp_path, monkeypatch
         (t, label) for t in (0.0, 1.0) for label in ("transformers UAG", "hf_hetspec auto")}
     markdown = (tmp_path / "bench.md").read_text()
     assert "Summary (report half)" in markdown and "report half: odd positions" in markdown
+
+
+def test_on_a_gpu_each_prompt_is_decoded_once_untimed_before_its_timed_calls():
+    """A GPU's first call on new shapes ran 2.3-4x slower per token (H200, docs/results.md 2026-12-04 evening):
+    there the target alone decodes each turn's ids once before the timed calls; a CPU gets no warm-up."""
+    tokenizer = toy.byte_level_bpe_tokenizer()
+    prompts = [tasks.BenchPrompt("qa", f"spec-bench/{i}", (f"Where is {i}?",)) for i in range(2)]
+    runner = FakeRunner()
+    assert bench.prompt_warm_up(torch.device("cpu"), runner) is None
+    warm_up = bench.prompt_warm_up(torch.device("cuda", 0), runner)
+    specs = bench.method_specs(["auto"], transformers=False, homogeneous=False)
+    records = bench.collect_records(prompts, {(0.0, 0): runner}, specs, [], tokenizer, True, load=lambda: 0.0,
+                                    threads=1, warm_up=warm_up)
+    assert [m for m, _ in runner.calls] == ["target", "target", "hf_hetspec"] * 2  # the first of each: untimed
+    assert torch.equal(runner.calls[0][1], runner.calls[1][1])
+    assert [r["method"] for r in records] == ["target", "hf_hetspec"] * 2
