@@ -168,6 +168,9 @@ def cmd_generate(args) -> int:
             for method in list(methods.names):
                 methods.run(method, lambda: runner.run(method, ids, max_new_tokens=min(WARMUP_TOKENS,
                                                                                        args.max_new_tokens)))
+            warm_up = bench.prompt_warm_up(device, runner)  # a GPU: the prompt's whole length once, untimed
+            if warm_up is not None:
+                warm_up(ids)
         for method in list(methods.names):
             with err.status(f"Generating with {method_label(method, args.algorithm)} ..."):
                 run = methods.run(method, lambda: runner.run(method, ids))
