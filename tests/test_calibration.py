@@ -226,3 +226,21 @@ def test_timing_the_steps_leaves_the_drafters_cache_fit_for_the_decoding(toy_pai
     out, stats = _generate(pair, ids, hetspec_drafter=runtime)
     assert len(timed) == 1 and stats.drafter_runtime == runtime and stats.drafted_tokens > 0
     assert compare_greedy(pair.target, ids, plain, out).verdict == "identical"
+
+
+def test_a_schedule_with_its_own_c_is_not_overruled_by_the_measured_one(toy_pair, fresh_cache, monkeypatch):
+    """``hetspec_schedule=Schedule(..., cost_ratio=...)`` is the user's figure: the measured ``c`` (here a step as
+    dear as the target's, which alone would stop every draft) neither replaces it nor adds its note."""
+    import dataclasses
+
+    import hf_hetspec.plan
+    from hf_hetspec.schedule import choose_schedule
+
+    monkeypatch.setattr(hf_hetspec.plan, "needs_measured_cost_ratio", lambda target: True)
+    monkeypatch.setattr(calibration, "time_steps", lambda target, drafter: (0.0418, 0.0425))
+    ids = toy_pair.target_tokenizer("the cat sat on the", return_tensors="pt").input_ids
+    plain = type(toy_pair.target).generate(toy_pair.target, ids, max_new_tokens=24, do_sample=False)
+    schedule = dataclasses.replace(choose_schedule("slem", drafter_runtime="eager"), cost_ratio=0.05)
+    out, stats = _generate(toy_pair, ids, hetspec_drafter="eager", hetspec_schedule=schedule)
+    assert compare_greedy(toy_pair.target, ids, plain, out).verdict == "identical"
+    assert stats.drafted_tokens > 0 and "no drafts" not in stats.note
