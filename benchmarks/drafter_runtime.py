@@ -35,14 +35,10 @@ import time
 import torch
 from transformers import DynamicCache
 
+from hf_hetspec.calibration import synchronize
 from hf_hetspec.compat import cache_kwargs
 from hf_hetspec.drafter import rollback_cache
 from hf_hetspec.runtime import RUNTIMES, model_bytes, prepare_drafter
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _step_timer(model, context: torch.Tensor, width: int = 1):
@@ -56,10 +52,10 @@ def _step_timer(model, context: torch.Tensor, width: int = 1):
 
     def step() -> float:
         with torch.no_grad():
-            _synchronize(context.device)
+            synchronize(context.device)
             start = time.perf_counter()
             model(input_ids=tokens, use_cache=True, logits_to_keep=width, **cache_kwargs(model, cache))
-            _synchronize(context.device)
+            synchronize(context.device)
             seconds = time.perf_counter() - start
         rollback_cache(cache, n)
         return seconds

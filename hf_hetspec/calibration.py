@@ -36,7 +36,6 @@ survive. ``Schedule(cost_ratio=..., verify_cost=...)`` gives them measured figur
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -79,16 +78,14 @@ def needs_measuring(target: torch.nn.Module, runtime: str) -> bool:
     """Whether ``target`` running ``runtime`` (``"eager"`` or ``"fp16-packed"``) gets a measured ``v``: its own
     layers on a CPU, with at least :data:`MIN_MEASURED_PARAMETERS` parameters, outside a process group of several
     ranks."""
-    if runtime != "eager" or model_device(target).type != "cpu" or _in_process_group():
-        return False
-    return sum(p.numel() for p in target.parameters()) >= MIN_MEASURED_PARAMETERS
+    return runtime == "eager" and model_device(target).type == "cpu" and _large_and_alone(target)
 
 
 def machine_key(target: torch.nn.Module) -> str:
     """What ``v`` depends on: the CPU (its name and vector width), torch's threads and version, the target's
     class, parameter count and dtype, and how it is measured (hashed, 32 hex digits)."""
     parts = [cpu_name(), torch.backends.cpu.get_cpu_capability(), str(torch.get_num_threads()), torch.__version__,
-             type(target).__name__, str(sum(p.numel() for p in target.parameters())), str(target.dtype),
+             type(target).__name__, str(_parameters(target)), str(target.dtype),
              str(PROBE_WIDTHS), str(PROBE_CONTEXT)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
@@ -119,15 +116,20 @@ def measured_verify_cost(target: torch.nn.Module, measure=None) -> float | None:
 def needs_measured_cost_ratio(target: torch.nn.Module) -> bool:
     """Whether a call with ``target`` gets a measured ``c`` (module docstring): a target on any device but the CPU,
     with at least :data:`MIN_MEASURED_PARAMETERS` parameters, outside a process group of several ranks."""
-    if model_device(target).type == "cpu" or _in_process_group():
-        return False
-    return sum(p.numel() for p in target.parameters()) >= MIN_MEASURED_PARAMETERS
+    return model_device(target).type != "cpu" and _large_and_alone(target)
 
 
-def _in_process_group() -> bool:
-    """Whether this process is one rank of several (module docstring: ranks keep the tables' values)."""
+def _large_and_alone(target: torch.nn.Module) -> bool:
+    """At least :data:`MIN_MEASURED_PARAMETERS` parameters, and this process not one rank of several (module
+    docstring: ranks keep the tables' values)."""
     distributed = torch.distributed
-    return distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1
+    if distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1:
+        return False
+    return _parameters(target) >= MIN_MEASURED_PARAMETERS
+
+
+def _parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def pair_key(target: torch.nn.Module, drafter: torch.nn.Module, runtime: str) -> str:
@@ -137,9 +139,8 @@ def pair_key(target: torch.nn.Module, drafter: torch.nn.Module, runtime: str) ->
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     parts = ["c", name, torch.__version__, runtime, str(PROBE_CONTEXT), str(STEP_REPEATS)]
     for model in (target, drafter):
-        parameters = list(model.parameters())
-        parts += [type(model).__name__, str(sum(p.numel() for p in parameters)),
-                  str(parameters[0].dtype if parameters else None)]
+        first = next(model.parameters(), None)
+        parts += [type(model).__name__, str(_parameters(model)), str(None if first is None else first.dtype)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
@@ -202,55 +203,49 @@ def _remembered(key: str, compute, what: str, timed: str, fallback: str) -> floa
 
 def time_forwards(target: torch.nn.Module) -> dict[int, float]:
     """``{tokens: seconds}``: the fastest of :data:`REPEATS` forwards of 1 and of each of :data:`PROBE_WIDTHS`
-    tokens, each after the same :data:`PROBE_CONTEXT`-token prompt in the cache; the token ids are fixed
-    pseudo-random ones below the target's vocabulary size."""
-    vocab = target.get_input_embeddings().weight.shape[0]
-    widest = max(PROBE_WIDTHS)
-    ids = torch.randint(vocab, (1, PROBE_CONTEXT + widest), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(model_device(target))
-    with torch.inference_mode():
-        prompt_cache = output_cache(target(ids[:, :PROBE_CONTEXT], use_cache=True))
-
-        def fastest(tokens: int) -> float:
-            best = math.inf
-            for _ in range(REPEATS):
-                cache = copy.deepcopy(prompt_cache)
-                start = time.perf_counter()
-                target(ids[:, PROBE_CONTEXT:PROBE_CONTEXT + tokens], use_cache=True, **cache_kwargs(target, cache))
-                best = min(best, time.perf_counter() - start)
-            return best
-
-        return {tokens: fastest(tokens) for tokens in (1, *PROBE_WIDTHS)}
+    tokens after the same :data:`PROBE_CONTEXT`-token prompt (:func:`_fastest_feeds`)."""
+    return _fastest_feeds(target, (1, *PROBE_WIDTHS), REPEATS)
 
 
 def time_steps(target: torch.nn.Module, drafter: torch.nn.Module) -> tuple[float, float]:
     """``(target seconds, drafter seconds)``: the fastest of :data:`STEP_REPEATS` one-token steps of each model
-    after the same :data:`PROBE_CONTEXT` pseudo-random tokens in its cache (the drafter's own cache where its
-    runtime keeps one, e.g. the compiled step's), each timed to the device's synchronization."""
-    def fastest(model: torch.nn.Module) -> float:
-        device = model_device(model)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        ids = torch.randint(vocab, (1, PROBE_CONTEXT + 1), generator=torch.Generator().manual_seed(0)).to(device)
-        cache = model.new_cache() if hasattr(model, "new_cache") else None
-        with torch.inference_mode():
-            out = model(ids[:, :PROBE_CONTEXT], use_cache=True,
-                        **(cache_kwargs(model, cache) if cache is not None else {}))
-            cache = output_cache(out) if cache is None else cache
+    after the same :data:`PROBE_CONTEXT`-token prompt (:func:`_fastest_feeds`; the drafter in the cache its
+    runtime keeps, e.g. the compiled step's)."""
+    return _fastest_feeds(target, (1,), STEP_REPEATS)[1], _fastest_feeds(drafter, (1,), STEP_REPEATS)[1]
+
+
+def _fastest_feeds(model: torch.nn.Module, widths: tuple[int, ...], repeats: int) -> dict[int, float]:
+    """``{tokens: seconds}``: the fastest of ``repeats`` forwards of each width after :data:`PROBE_CONTEXT` fixed
+    pseudo-random tokens (below the model's vocabulary size) in the model's cache -- its own where it keeps one
+    (``new_cache``), else transformers' -- rolled back to the prompt after each; timed to the device's
+    synchronization (:func:`synchronize`)."""
+    device = model_device(model)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(vocab, (1, PROBE_CONTEXT + max(widths)), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(device)
+    cache = model.new_cache() if hasattr(model, "new_cache") else None
+    seconds = {}
+    with torch.inference_mode():
+        prompt_kwargs = cache_kwargs(model, cache) if cache is not None else {}
+        out = model(ids[:, :PROBE_CONTEXT], use_cache=True, **prompt_kwargs)
+        cache = output_cache(out) if cache is None else cache
+        for width in widths:
             best = math.inf
-            for _ in range(STEP_REPEATS):
-                _synchronize(device)
+            for _ in range(repeats):
+                synchronize(device)
                 start = time.perf_counter()
-                model(ids[:, PROBE_CONTEXT:], use_cache=True, logits_to_keep=1, **cache_kwargs(model, cache))
-                _synchronize(device)
+                model(ids[:, PROBE_CONTEXT:PROBE_CONTEXT + width], use_cache=True, logits_to_keep=width,
+                      **cache_kwargs(model, cache))
+                synchronize(device)
                 best = min(best, time.perf_counter() - start)
                 rollback_cache(cache, PROBE_CONTEXT)
-        return best
+            seconds[width] = best
+    return seconds
 
-    return fastest(target), fastest(drafter)
 
-
-def _synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued work (a GPU's kernels run after the Python call returns)."""
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a GPU's kernels run after the Python call returns); nothing on a CPU.
+    Every timing of hf_hetspec and its tools ends with it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type != "cpu" and hasattr(torch, "accelerator"):

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import integration
-from ..calibration import cpu_name
+from ..calibration import cpu_name, synchronize
 from ..compat import cache_from_kwargs, cache_kwargs, output_cache
 from ..drafter import model_device
 from ..schedule import cpu_has_half_instructions
@@ -227,11 +227,6 @@ def count_forwards(target):
         handle.remove()
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class FirstTokenTimer:
     """A ``generate(streamer=...)`` streamer that notes when the first new token arrives.
 
@@ -322,10 +317,10 @@ def step_seconds(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
     token = out.logits[:, -1:].argmax(-1)  # [1, 1]
     times = []
     for _ in range(repeats + 1):
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         out = model(input_ids=token, use_cache=True, **cache_kwargs(model, cache))
-        _synchronize(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
         token = out.logits[:, -1:].argmax(-1)
     return statistics.median(times[1:])
@@ -405,10 +400,10 @@ class Runner:
         counts = {"forwards": 0}
         with PeakMemory(self.device) as memory:
             with count_forwards(drafter) if drafter is not None else nullcontext(counts) as counts:
-                _synchronize(self.device)
+                synchronize(self.device)
                 start = time.perf_counter()
                 out = call(timer)
-                _synchronize(self.device)
+                synchronize(self.device)
                 seconds = time.perf_counter() - start
         ttft = None if timer.first_token_at is None else timer.first_token_at - start
         return out, {"seconds": seconds, "ttft_seconds": ttft, "peak_memory_mb": memory.mb,
