@@ -334,9 +334,8 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
     # no drafter copy where the call's source policy (either loop's) will never draft
     planned_runtime = resolve_runtime(drafter, args.drafter_runtime)[0]
     planned = schedule_for(planned_runtime)
-    v = planned.verify_cost if planned.verify_cost is not None else target_verify_cost
-    c = planned.cost_ratio if planned.cost_ratio is not None else COST_RATIOS[planned_runtime]
-    drafts = not never_drafts(planned.back_off, v, c)
+    drafts = not never_drafts(planned.back_off, *policy_costs(planned, target_verify_cost,
+                                                               COST_RATIOS[planned_runtime]))
     # the one resolution of hetspec_drafter: the schedule is that of the runtime that runs, after any fallback
     prepared = prepare_drafter(drafter, args.drafter_runtime, drafts=drafts)
     schedule = schedule_for(prepared.runtime)
@@ -345,8 +344,7 @@ def make_plan(target, call: dict, model_kwargs: dict, args: HetspecArguments) ->
                   if drafts and needs_measured_cost_ratio(target) else None)
     drafts_note = ""
     if measured_c is not None and schedule.cost_ratio is None and never_drafts(
-            schedule.back_off, schedule.verify_cost if schedule.verify_cost is not None else target_verify_cost,
-            measured_c):
+            schedule.back_off, *policy_costs(schedule, target_verify_cost, measured_c)):
         drafts_note = (f"no drafts: a drafter step ({prepared.runtime}) costs {measured_c:.2f} target steps on this "
                        "device (measured), so no draft can pay"
                        + ("; hetspec_drafter='compiled' replays the step as one CUDA graph (needs Triton)"
@@ -440,14 +438,21 @@ def build_proposer(plan: DecodingPlan, drafter, input_ids: torch.LongTensor, gen
     return _with_sources(plan, proposer, input_ids, generation_config, stats)
 
 
+def policy_costs(schedule: Schedule, verify_cost: float, cost_ratio: float) -> tuple[float, float]:
+    """``(v, c)`` the source policy counts (:func:`hf_hetspec.sources.never_drafts`): the schedule's own figures
+    where it sets them (``Schedule(verify_cost=..., cost_ratio=...)``), else ``verify_cost`` and ``cost_ratio``
+    (the target's and the drafter runtime's, measured or from the tables)."""
+    return (schedule.verify_cost if schedule.verify_cost is not None else verify_cost,
+            schedule.cost_ratio if schedule.cost_ratio is not None else cost_ratio)
+
+
 def _with_sources(plan: DecodingPlan, proposer, input_ids, generation_config, stats) -> Proposer:
     """``proposer`` with the schedule's context lookup and back-off (:func:`hf_hetspec.sources.with_sources`),
     counting the drafter's steps at the cost ratio of the runtime that really runs (the schedule's, else the one
     measured on this device, else its runtime's table value)."""
     schedule = plan.schedule
-    cost_ratio = next(c for c in (schedule.cost_ratio, plan.cost_ratio, COST_RATIOS[plan.drafter.runtime])
-                      if c is not None)
-    v = schedule.verify_cost if schedule.verify_cost is not None else plan.verify_cost
+    v, cost_ratio = policy_costs(schedule, plan.verify_cost, plan.cost_ratio if plan.cost_ratio is not None
+                                 else COST_RATIOS[plan.drafter.runtime])
     return with_sources(proposer, input_ids, cost_ratio=cost_ratio, verify_cost=v,
                         lookup=schedule.context_lookup, back_off=schedule.back_off,
                         max_length=generation_config.max_length, stats=stats)
