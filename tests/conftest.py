@@ -191,6 +191,14 @@ def hetspec_generate(pair, ids, algorithm, **kwargs):
         hf_hetspec.disable(pair.target)
 
 
+def accept_every_draft(draft_ids, target_probs, generator=None):
+    """BROKEN exact-match verification (for ``hf_hetspec.decoding.verify_exact_match_sampling``): the target
+    samples every position but every draft token is kept unchecked. The losslessness tests must reject it."""
+    k = draft_ids.shape[0]
+    samples = torch.multinomial(target_probs, 1, generator=generator).squeeze(1)
+    return torch.cat([draft_ids, samples[k:]]), k
+
+
 class ForwardCounter:
     """Counts forward calls of ``models`` (a pre-hook on each) until :meth:`close`: proves that a refused call
     ran no model."""

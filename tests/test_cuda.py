@@ -26,7 +26,7 @@ import torch
 
 import hf_hetspec
 import hf_hetspec.decoding
-from conftest import hetspec_generate
+from conftest import accept_every_draft, hetspec_generate
 from hf_hetspec.testing import check_lossless, exact_target_distribution, hetspec_sampler, sample_outcomes
 
 DEVICE = os.environ.get("HF_HETSPEC_TEST_GPU", "cuda")
@@ -86,16 +86,9 @@ def test_sampling_with_the_compiled_drafter_is_lossless(gpu_pair, algorithm):
     assert sampler.accepted_tokens > 0, "no draft was accepted: the acceptance path did not run"
 
 
-def _accept_every_draft(draft_ids, target_probs, generator=None):
-    """BROKEN exact-match verification: every draft token is kept unchecked."""
-    k = draft_ids.shape[0]
-    samples = torch.multinomial(target_probs, 1, generator=generator).squeeze(1)
-    return torch.cat([draft_ids, samples[k:]]), k
-
-
 def test_a_verifier_that_accepts_every_draft_is_rejected(gpu_pair, monkeypatch):
     monkeypatch.setattr(hf_hetspec.decoding, "supports_tree", lambda target, cache: False)
-    monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
+    monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", accept_every_draft)
     report, _ = _report(gpu_pair, "slem", n=200)
     assert not report.passed and report.p_value < REJECT, str(report)
 

@@ -39,6 +39,7 @@ from transformers import TemperatureLogitsWarper
 import hf_hetspec
 import hf_hetspec.decoding
 import hf_hetspec.verify
+from conftest import accept_every_draft
 from hf_hetspec.intersection import push_forward
 from hf_hetspec.plan import DEFAULT_DRAFT_TEMPERATURE
 from hf_hetspec.schedule import DEFAULT_LOOKAHEAD, choose_schedule
@@ -425,7 +426,7 @@ def test_verify_lossless_keeps_hetspec_keywords_out_of_the_reference(toy_pair, d
 def test_verify_lossless_with_a_draft_temperature_rejects_a_broken_verifier(toy_pair, monkeypatch):
     """``hetspec_draft_temperature=0`` (argmax drafts) reaches the sampler: its drafts go through exact-match
     sampling, here broken to keep every draft token."""
-    monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
+    monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", accept_every_draft)
     report = verify_lossless(toy_pair.target, toy_pair.drafter, toy_pair.target_tokenizer,
                              toy_pair.drafter_tokenizer, _ids(toy_pair, TOY_PROMPT["toy_pair"]), "tli", n=500,
                              seed=0, alpha=ALPHA, hetspec_draft_temperature=0.0, **T1)
@@ -445,13 +446,6 @@ def test_harness_refuses_hetspec_keywords_where_they_do_not_belong(toy_pair):
 # ---------------------------------------------------------------------------------------------------
 # Power: deliberately broken variants are rejected
 # ---------------------------------------------------------------------------------------------------
-
-
-def _accept_every_draft(draft_ids, target_probs, generator=None):
-    """BROKEN exact match: the target samples every position but every draft token is kept unchecked."""
-    k = draft_ids.shape[0]
-    samples = torch.multinomial(target_probs, 1, generator=generator).squeeze(1)
-    return torch.cat([draft_ids, samples[k:]]), k
 
 
 def _correction_from_p(draft_ids, draft_probs, target_probs, generator=None):
@@ -489,7 +483,7 @@ def test_rejects_exact_match_that_accepts_every_draft(toy_pair, monkeypatch, ver
     (:mod:`hf_hetspec.tree`); each broken variant keeps every draft token unchecked on its own path."""
     if verification == "chain":
         monkeypatch.setattr(hf_hetspec.decoding, "supports_tree", lambda target, cache: False)
-        monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
+        monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", accept_every_draft)
     else:
         monkeypatch.setattr(hf_hetspec.decoding, "walk_tree", _walk_accepting_every_draft)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "slem", n=200, **T1)
@@ -506,7 +500,7 @@ def test_rejects_correction_sampled_from_p_instead_of_the_residual(toy_pair, mon
     if draft == "sampled-draft":
         monkeypatch.setattr(hf_hetspec.decoding, "verify_speculative_sampling", _correction_from_p)
     else:
-        monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", _accept_every_draft)
+        monkeypatch.setattr(hf_hetspec.decoding, "verify_exact_match_sampling", accept_every_draft)
     report, _ = _hetspec_report(toy_pair, TOY_PROMPT["toy_pair"], "tli", n=500,
                                 **_draft_kwargs(draft, T1["temperature"]), **T1)
     _assert_rejected(report)
