@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=None, help="suite tasks instead of the HumanEval range")
     parser.add_argument("--per-task", type=int, default=5, help="prompts per task with --tasks (default 5)")
     parser.add_argument("--half", default="tune", choices=("tune", "report", "all"), help="with --tasks")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                        help="the target's dtype (default bfloat16; float32 is `hf-hetspec generate`'s on a CPU)")
     parser.add_argument("--warmup", type=int, default=0, metavar="N",
                         help="first run every setting once for N new tokens on the first prompt, untimed (a "
                              "runtime's one-off preparation, e.g. the packed target's 25-36 s, stays out of the "
@@ -102,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = json.loads(args.settings)
     torch.set_num_threads(args.threads)
-    target, target_tok = zoo.load(args.target, dtype=torch.bfloat16)
+    target, target_tok = zoo.load(args.target, dtype=getattr(torch, args.dtype))
     drafter, drafter_tok = zoo.load(args.drafter, dtype=torch.bfloat16)
     integration.enable(target)
     totals: dict[str, list[float]] = {}

@@ -461,8 +461,9 @@ def _fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
     """One linear layer whose output is the concatenation of ``linears``' outputs (same input)."""
     weight = torch.cat([linear.weight for linear in linears])
     biases = [linear.bias for linear in linears]
-    fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None,
-                            device=weight.device, dtype=weight.dtype)
+    # no random initialization of weights copied over at once (0.9 s of SmolLM2-135M's 6 s preparation)
+    fused = torch.nn.utils.skip_init(torch.nn.Linear, weight.shape[1], weight.shape[0], bias=biases[0] is not None,
+                                     device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         fused.weight.copy_(weight)
         if biases[0] is not None:

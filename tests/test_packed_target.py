@@ -263,6 +263,28 @@ def test_the_packed_copy_is_made_once_per_target_and_again_when_its_weights_chan
     assert prepare_target(target, "fp16-packed").layers is not first.layers
 
 
+def test_the_largest_layers_are_packed_first_and_each_layer_keeps_its_own_copy(toy_pair, monkeypatch):
+    """Packing costs per weight, so the largest layer (here the LM head, last in module order) starts first and is
+    not left packing alone at the end; the copies still go to their own layers."""
+    target = copy.deepcopy(toy_pair.target).to(torch.bfloat16)
+    started = []
+
+    def recording(layer):
+        started.append(layer)
+        return pack_linear(layer)
+
+    monkeypatch.setattr(packed_target, "pack_linear", recording)
+    monkeypatch.setattr(packed_target.os, "cpu_count", lambda: 1)  # one worker: the order is the submission's
+    prepared = prepare_target(target, "fp16-packed")
+    sizes = [layer.weight.numel() for layer in started]
+    assert sizes == sorted(sizes, reverse=True) and started[0] is target.get_output_embeddings()
+    generator = torch.Generator().manual_seed(0)
+    assert len(prepared.layers) == len(started)
+    for module, packed in prepared.layers.items():
+        x = torch.randn(3, module.in_features, generator=generator).to(module.weight.dtype)
+        torch.testing.assert_close(packed(x).float(), module(x).float(), rtol=2e-2, atol=2e-2)
+
+
 def test_a_layer_whose_forward_something_wrapped_is_not_packed(bf16_target):
     """accelerate's offload hooks, for one, replace a module's ``forward``: such a layer keeps it."""
     target = copy.deepcopy(bf16_target)
