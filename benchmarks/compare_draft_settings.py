@@ -99,7 +99,7 @@ def main() -> None:
                         help="the target's dtype (default bfloat16; float32 is `hf-hetspec generate`'s on a CPU)")
     parser.add_argument("--warmup", type=int, default=0, metavar="N",
                         help="first run every setting once for N new tokens on the first prompt, untimed (a "
-                             "runtime's one-off preparation, e.g. the packed target's 25-36 s, stays out of the "
+                             "runtime's one-off preparation, e.g. the packed target's ~22 s, stays out of the "
                              "timed calls)")
     args = parser.parse_args()
     settings = json.loads(args.settings)
