@@ -55,6 +55,7 @@ generation config.
 
 from __future__ import annotations
 
+import difflib
 import math
 import weakref
 from dataclasses import dataclass
@@ -526,6 +527,7 @@ def _check_model_inputs(model_kwargs: dict) -> None:
     for name, value in model_kwargs.items():
         if name in (*CARRIED_MODEL_INPUTS, *SETTINGS_AMONG_MODEL_KWARGS, *NO_EFFECT_KEYWORDS) or value is None:
             continue
+        _check_hetspec_spelling(name)
         if name == "inputs_embeds":
             raise NotImplementedError(
                 "`inputs_embeds`: hf_hetspec drafts from the prompt's text, which embeddings do not carry, and its "
@@ -538,6 +540,22 @@ def _check_model_inputs(model_kwargs: dict) -> None:
             "target and the output would differ from target.generate(): call generate() without "
             "`assistant_model` for it (or check the argument's spelling)."
         )
+
+
+def _check_hetspec_spelling(name: str) -> None:
+    """Refuse ``name`` as a misspelled hf_hetspec keyword (``hetspec_algoritm``) rather than as a model input.
+
+    Raises:
+        ValueError: ``name`` starts with ``hetspec_`` or is close to one of hf_hetspec's keywords
+            (:attr:`hf_hetspec.plan.HetspecArguments.KEYWORDS`); the message names the closest one.
+    """
+    from .plan import HetspecArguments  # plan imports this module
+
+    close = difflib.get_close_matches(name, HetspecArguments.KEYWORDS, n=1, cutoff=0.8)
+    if close or name.startswith("hetspec_"):
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        raise ValueError(f"`{name}` is not a keyword of generate() or of hf_hetspec: {hint}hf_hetspec's keywords are "
+                         + ", ".join(f"`{k}`" for k in HetspecArguments.KEYWORDS) + ".")
 
 
 def _prompt(call: dict, model_kwargs: dict) -> torch.Tensor | None:

@@ -123,6 +123,14 @@ def test_images_and_other_model_inputs_are_refused(pair, vision_target):
                  pixel_values=images[0], **GREEDY)
 
 
+@pytest.mark.parametrize("name, closest", [("hetspec_algoritm", "hetspec_algorithm"),
+                                           ("assistant_input_id", "assistant_input_ids"), ("hetspec_speed", None)])
+def test_a_misspelled_hf_hetspec_keyword_is_named_as_such(pair, name, closest):
+    """Not taken for an image or audio input: the message says which hf_hetspec keyword was probably meant."""
+    words = f"`{name}` is not a keyword.*" + (f"did you mean `{closest}`" if closest else "hf_hetspec's keywords are")
+    pair.assert_refused(ValueError, words, **{name: "tli"}, **GREEDY)
+
+
 @pytest.mark.parametrize("with_ids", [True, False], ids=["with-input_ids", "alone"])
 def test_inputs_embeds_are_refused(pair, with_ids):
     embeds = pair.target.get_input_embeddings()(pair.ids).detach() * 1.7
