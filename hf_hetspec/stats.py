@@ -159,15 +159,25 @@ class DecodingStats:
         )
         return d
 
+    def _drafts_summary(self) -> str:
+        """Acceptance and alpha, or, for a call that drafted nothing, that it drafted nothing and why (rounds the
+        target went on alone, rounds the source policy backed off): a rate of 0.00 would read as drafts that all
+        failed."""
+        if self.drafted_tokens:
+            return f"acceptance {self.acceptance_rate:.2f} (alpha {self.alpha:.2f})"
+        reasons = [f"{n} {what}" for n, what in ((self.skipped_drafts, "rounds the target went on alone"),
+                                                 (self.backed_off, "rounds backed off")) if n]
+        return "no drafts" + (f" ({', '.join(reasons)})" if reasons else "")
+
     def summary(self) -> str:
         """One line for humans."""
         return (
             f"{self.algorithm}" + (f" ({self.verification} verification)" if self.verification != "token" else "")
             + f": {self.new_tokens} tokens in {self.total_s:.2f}s "
             f"({self.tokens_per_second:.1f} tok/s), {self.target_forwards} target forwards, "
-            f"acceptance {self.acceptance_rate:.2f} (alpha {self.alpha:.2f}), "
-            f"{self.mean_accepted_per_forward:.2f} tokens/forward, {self.drafter_runtime} drafter "
-            f"c={self.cost_ratio:.3f}"
+            + self._drafts_summary()
+            + f", {self.mean_accepted_per_forward:.2f} tokens/forward, {self.drafter_runtime} drafter"
+            + (f" c={self.cost_ratio:.3f}" if self.drafter_forwards else " (not run)")
             + (f" (copy made in {self.drafter_prepare_s:.2f}s)" if self.drafter_prepare_s else "")
             + (f", {self.tree_rounds} tree rounds ({self.sibling_rounds} took a sibling)" if self.tree_rounds else "")
             + (f" [{self.note}]" if self.note else "")

@@ -30,6 +30,16 @@ def test_decoding_stats_derived_values():
     assert ", 5 tree rounds (2 took a sibling)" in stats.summary()
 
 
+def test_a_call_that_drafted_nothing_says_so_rather_than_a_zero_acceptance():
+    stats = DecodingStats(algorithm="slem", new_tokens=12, target_forwards=12, skipped_drafts=12, total_s=1.0,
+                          drafter_runtime="int8-static")
+    line = stats.summary()
+    assert "no drafts (12 rounds the target went on alone)" in line and "acceptance" not in line
+    assert "int8-static drafter (not run)" in line and "c=" not in line
+    stats.skipped_drafts, stats.backed_off = 0, 5
+    assert "no drafts (5 rounds backed off)" in stats.summary()
+
+
 def test_empty_stats_are_zero_not_errors():
     stats = DecodingStats()
     assert (stats.acceptance_rate, stats.alpha, stats.mean_accepted_per_forward, stats.tokens_per_second) == (
