@@ -523,6 +523,11 @@ def _check_logits_processors(processors) -> None:
             )
 
 
+#: hf_hetspec's own ``generate()`` keywords (:class:`hf_hetspec.plan.HetspecArguments` pops them in this order).
+HETSPEC_KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
+                    "hetspec_drafter", "hetspec_verification", "hetspec_schedule", "hetspec_loop", "hetspec_target")
+
+
 def _check_model_inputs(model_kwargs: dict) -> None:
     for name, value in model_kwargs.items():
         if name in (*CARRIED_MODEL_INPUTS, *SETTINGS_AMONG_MODEL_KWARGS, *NO_EFFECT_KEYWORDS) or value is None:
@@ -547,15 +552,13 @@ def _check_hetspec_spelling(name: str) -> None:
 
     Raises:
         ValueError: ``name`` starts with ``hetspec_`` or is close to one of hf_hetspec's keywords
-            (:attr:`hf_hetspec.plan.HetspecArguments.KEYWORDS`); the message names the closest one.
+            (:data:`HETSPEC_KEYWORDS`); the message names the closest one.
     """
-    from .plan import HetspecArguments  # plan imports this module
-
-    close = difflib.get_close_matches(name, HetspecArguments.KEYWORDS, n=1, cutoff=0.8)
+    close = difflib.get_close_matches(name, HETSPEC_KEYWORDS, n=1, cutoff=0.8)
     if close or name.startswith("hetspec_"):
         hint = f"did you mean `{close[0]}`? " if close else ""
         raise ValueError(f"`{name}` is not a keyword of generate() or of hf_hetspec: {hint}hf_hetspec's keywords are "
-                         + ", ".join(f"`{k}`" for k in HetspecArguments.KEYWORDS) + ".")
+                         + ", ".join(f"`{k}`" for k in HETSPEC_KEYWORDS) + ".")
 
 
 def _prompt(call: dict, model_kwargs: dict) -> torch.Tensor | None:

@@ -42,6 +42,7 @@ from .alignment import Vocabulary, vocabulary
 from .calibration import measured_cost_ratio, measured_verify_cost, needs_measured_cost_ratio, needs_measuring
 from .checks import (  # noqa: F401 -- the constants and the checks' old import path (plan.check_call, ...)
     ALGORITHMS,
+    HETSPEC_KEYWORDS,
     IMPLEMENTED,
     LOOPS,
     VERIFICATIONS,
@@ -187,8 +188,7 @@ class HetspecArguments:
     loop: str = "hetspec"
     target_runtime: str = "auto"
 
-    KEYWORDS = ("hetspec_algorithm", "hetspec_generator", "hetspec_draft_temperature", "assistant_input_ids",
-                "hetspec_drafter", "hetspec_verification", "hetspec_schedule", "hetspec_loop", "hetspec_target")
+    KEYWORDS = HETSPEC_KEYWORDS
 
     @classmethod
     def pop_from(cls, kwargs: dict) -> tuple["HetspecArguments", bool]:
